@@ -1,0 +1,39 @@
+# One-command set-up: `make demo` and `make test` create .venv (CPU stack, torch pinned to the CPU build) on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-fast bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints-cpu.txt -e ".[cpu,dev]"
+	# PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch and nothing here needs them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/art-adapters demo
+
+test: venv
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not vllm and not train" $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python bench/capture_overhead.py
+	$(BIN)/python bench/rollout_throughput.py
+	$(BIN)/python bench/train_step.py
+
+lint: venv
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
