@@ -1,0 +1,143 @@
+"""Split captured calls into conversations: a call continues one when its messages extend that one's messages + answer.
+
+Used by `Trajectory.finish()` when a rollout did not build its conversation itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import ValidationError
+
+from ..trajectory import LLMCall, Message, MessageOrChoice, Tools
+
+Key = tuple[Any, ...]
+
+
+def _arguments_key(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            return json.dumps(json.loads(arguments), sort_keys=True)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, default=str)
+
+
+def _content_key(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type", "text") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                parts.append(json.dumps(part, sort_keys=True, default=str))
+        return "".join(parts)
+    return json.dumps(content, sort_keys=True, default=str)
+
+
+def message_key(message: Message) -> Key:
+    """What must match for two messages to be the same turn (formatting of JSON arguments and ids ignored)."""
+    calls = tuple(
+        (
+            str((c.get("function") or {}).get("name", "")),
+            _arguments_key((c.get("function") or {}).get("arguments", "")),
+        )
+        for c in message.get("tool_calls") or []
+    )
+    return (message.get("role"), _content_key(message.get("content")), calls, message.get("name"))
+
+
+class Conversation:
+    """Calls chained by extension; `picked[i]` is the choice index of call i that the next call continued."""
+
+    __slots__ = ("calls", "picked", "keys")
+
+    def __init__(self, call: LLMCall, keys: list[Key]) -> None:
+        self.calls = [call]
+        self.picked = [0]
+        self.keys = keys
+
+    def match(self, keys: list[Key]) -> tuple[int, int] | None:
+        """(matched length, choice index) if `keys` extend this conversation's last messages + one of its answers."""
+        last = self.calls[-1]
+        n = len(self.keys)
+        if len(keys) <= n or keys[:n] != self.keys:
+            return None
+        for choice in (last.response or {}).get("choices") or []:
+            message = choice.get("message")
+            if isinstance(message, dict) and message_key(message) == keys[n]:
+                return n + 1, int(choice.get("index", 0))
+        return None
+
+    def add(self, call: LLMCall, keys: list[Key], picked: int) -> None:
+        self.picked[-1] = picked
+        self.calls.append(call)
+        self.picked.append(0)
+        self.keys = keys
+
+    def messages_and_choices(self) -> tuple[list[MessageOrChoice], Tools | None]:
+        """The last call's messages, with earlier calls' answers (and the last answer) as Choices carrying ids."""
+        last = self.calls[-1]
+        items: list[MessageOrChoice] = list(last.request_messages())
+        for call, picked in zip(self.calls[:-1], self.picked[:-1], strict=True):
+            position = len(call.request_messages())
+            if position < len(items):
+                items[position] = choice_of(call, picked) or items[position]
+        answer = choice_of(last, self.picked[-1])
+        if answer is not None:
+            items.append(answer)
+        return items, last.request.get("tools")
+
+
+def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
+    """Choice `index` of the call as an openai Choice with `prompt_token_ids` / `token_ids` extras (the message dict
+    if the server's choice is not a valid Choice)."""
+    for choice in (call.response or {}).get("choices") or []:
+        if choice.get("index", 0) != index:
+            continue
+        data = dict(choice)
+        if call.prompt_token_ids is not None and "prompt_token_ids" not in data:
+            data["prompt_token_ids"] = call.prompt_token_ids
+        try:
+            return Choice.model_validate(data)
+        except ValidationError:
+            return call.response_message(index)
+    return None
+
+
+def split_conversations(calls: list[LLMCall]) -> list[Conversation]:
+    """Group answered calls into conversations, in order of their first call (unanswered calls are left out)."""
+    conversations: list[Conversation] = []
+    for call in calls:
+        if call.error or not (call.response or {}).get("choices"):
+            continue
+        keys = [message_key(m) for m in call.request_messages() if isinstance(m, dict)]
+        best: tuple[int, int, Conversation] | None = None
+        for conversation in conversations:
+            found = conversation.match(keys)
+            if found is not None and (best is None or found[0] >= best[0]):
+                best = (found[0], found[1], conversation)
+        if best is None:
+            conversations.append(Conversation(call, keys))
+        else:
+            best[2].add(call, keys, best[1])
+    return conversations
+
+
+def main_index(conversations: list[Conversation], calls: list[LLMCall], policy: str = "last") -> int:
+    """The main conversation: the one holding the last answered call ("last"), or the one with most calls."""
+    if policy == "most_calls":
+        return max(range(len(conversations)), key=lambda i: (len(conversations[i].calls), i))
+    if policy != "last":
+        raise ValueError(f"main must be 'last' or 'most_calls', not {policy!r}")
+    owner = {id(call): i for i, conv in enumerate(conversations) for call in conv.calls}
+    for call in reversed(calls):
+        if id(call) in owner:
+            return owner[id(call)]
+    return len(conversations) - 1

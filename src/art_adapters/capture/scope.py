@@ -1,0 +1,52 @@
+"""The capture scope: a context variable naming the Trajectory that LLM calls made here are recorded into."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar, Token
+from types import TracebackType
+
+from ..trajectory import Trajectory
+
+CURRENT: ContextVar[Trajectory | None] = ContextVar("art_adapters_capture", default=None)
+
+
+def current_trajectory() -> Trajectory | None:
+    """The Trajectory of the innermost open `capture()` scope in this context, or None."""
+    return CURRENT.get()
+
+
+class capture:  # noqa: N801 - used like a function: `with capture() as trajectory:`
+    """Record every OpenAI-compatible call made through a recording client into one Trajectory.
+
+        async with art.capture() as trajectory:
+            await agent.ainvoke(...)
+        trajectory.reward = score(trajectory)
+
+    Works as `with` and `async with`. The scope is a ContextVar, so concurrent rollouts (tasks) never mix; tasks
+    started inside inherit it; in nested scopes the inner one wins. On exit `trajectory.finish()` builds the
+    conversation from the calls if the rollout did not.
+    """
+
+    __slots__ = ("trajectory", "_tokens")
+
+    def __init__(self, trajectory: Trajectory | None = None) -> None:
+        self.trajectory = trajectory if trajectory is not None else Trajectory()
+        self._tokens: list[Token[Trajectory | None]] = []
+
+    def __enter__(self) -> Trajectory:
+        self._tokens.append(CURRENT.set(self.trajectory))
+        return self.trajectory
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        CURRENT.reset(self._tokens.pop())
+        self.trajectory.finish()
+
+    async def __aenter__(self) -> Trajectory:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(kind, error, tb)

@@ -1,0 +1,285 @@
+"""httpx transports that record OpenAI-compatible exchanges into the current capture scope, bytes untouched.
+
+They work with `httpx` and with `httpx2` (the fork openai >= 3 is built on): objects are rebuilt with the types the
+inner transport returned, and the stream wrappers subclass both libraries' stream bases.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from .record import Exchange, decode
+from .scope import CURRENT
+
+try:
+    import httpx2
+except ImportError:  # pragma: no cover - openai < 3
+    httpx2 = None
+
+_SYNC_STREAMS: tuple[type, ...] = (httpx.SyncByteStream,) + ((httpx2.SyncByteStream,) if httpx2 else ())
+_ASYNC_STREAMS: tuple[type, ...] = (httpx.AsyncByteStream,) + ((httpx2.AsyncByteStream,) if httpx2 else ())
+_SYNC_TRANSPORTS: tuple[type, ...] = (httpx.BaseTransport,) + ((httpx2.BaseTransport,) if httpx2 else ())
+_ASYNC_TRANSPORTS: tuple[type, ...] = (httpx.AsyncBaseTransport,) + (
+    (httpx2.AsyncBaseTransport,) if httpx2 else ()
+)
+
+_DROP_ON_REWRITE = {"content-encoding", "content-length", "transfer-encoding"}
+
+
+def _kind(request: httpx.Request) -> str | None:
+    if request.method != "POST":
+        return None
+    path = request.url.path
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completions"
+    return None
+
+
+def _ask_token_ids(request: httpx.Request, body: bytes) -> tuple[httpx.Request, bytes, dict[str, Any] | None]:
+    """Add vLLM's `return_token_ids` and `logprobs` where the body does not set them."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return request, body, None
+    if not isinstance(payload, dict) or ("return_token_ids" in payload and "logprobs" in payload):
+        return request, body, payload if isinstance(payload, dict) else None
+    payload.setdefault("return_token_ids", True)
+    payload.setdefault("logprobs", True)
+    body = json.dumps(payload).encode()
+    headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _DROP_ON_REWRITE]
+    headers.append(("content-length", str(len(body))))
+    new = type(request)(
+        request.method, request.url, headers=headers, content=body, extensions=request.extensions
+    )
+    return new, body, payload
+
+
+def _annotated(response: httpx.Response, raw: bytes, exchange: Exchange | None) -> httpx.Response:
+    """Copy the top-level `prompt_token_ids` into each choice (so a kept openai Choice carries them)."""
+    decoded = decode(raw, response.headers)
+    try:
+        body = json.loads(decoded)
+    except ValueError:
+        body = None
+    if exchange is not None:
+        exchange.status, exchange.headers = response.status_code, response.headers
+        exchange.chunks.append(raw)
+        if isinstance(body, dict):
+            exchange.finish(body=body)
+        else:
+            exchange.finish()
+    ids = body.get("prompt_token_ids") if isinstance(body, dict) else None
+    if ids is None or not isinstance(body.get("choices"), list):  # type: ignore[union-attr]
+        # already read (and decoded once, as the client would): the caller sees the same bytes and headers
+        return type(response)(
+            response.status_code, headers=response.headers, content=raw, extensions=response.extensions
+        )
+    choices = [{**c, "prompt_token_ids": ids} if isinstance(c, dict) else c for c in body["choices"]]  # type: ignore[index]
+    content = json.dumps({**body, "choices": choices}).encode()  # type: ignore[dict-item]
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _DROP_ON_REWRITE]
+    return type(response)(
+        response.status_code, headers=headers, content=content, extensions=response.extensions
+    )
+
+
+def _wants_annotation(response: httpx.Response) -> bool:
+    return response.status_code < 300 and "text/event-stream" not in response.headers.get("content-type", "")
+
+
+class _Options:
+    __slots__ = ("request_token_ids", "annotate_choices", "logprobs_mode", "rewrites")
+
+    def __init__(self, request_token_ids: bool, annotate_choices: bool, logprobs_mode: str | None) -> None:
+        self.request_token_ids = request_token_ids
+        self.annotate_choices = annotate_choices
+        self.logprobs_mode = logprobs_mode
+        self.rewrites = request_token_ids or annotate_choices
+
+
+class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
+    """Wraps a transport; records `/chat/completions` (and `/completions`) POSTs made inside `capture()`.
+
+    `request_token_ids`: ask vLLM for token ids and logprobs. `annotate_choices`: copy `prompt_token_ids` into each
+    choice of JSON answers (our backend only; the one case where a body is rewritten). Outside a scope and with
+    both off, requests pass straight through.
+    """
+
+    def __init__(
+        self,
+        transport: httpx.BaseTransport | Any | None = None,
+        *,
+        request_token_ids: bool = False,
+        annotate_choices: bool = False,
+        logprobs_mode: str | None = None,
+    ) -> None:
+        self.inner = transport if transport is not None else httpx.HTTPTransport()
+        self.options = _Options(request_token_ids, annotate_choices, logprobs_mode)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        trajectory = CURRENT.get()
+        options = self.options
+        if trajectory is None and not options.rewrites:
+            return self.inner.handle_request(request)
+        kind = _kind(request)
+        if kind is None:
+            return self.inner.handle_request(request)
+        body = request.read()
+        payload = None
+        if options.request_token_ids and kind == "chat":
+            request, body, payload = _ask_token_ids(request, body)
+        exchange = (
+            Exchange(trajectory, request, body, payload, options.logprobs_mode)
+            if trajectory is not None
+            else None
+        )
+        try:
+            response = self.inner.handle_request(request)
+        except Exception as error:
+            if exchange is not None:
+                exchange.finish(error)
+            raise
+        if options.annotate_choices and kind == "chat" and _wants_annotation(response):
+            try:
+                raw = b"".join(response.stream)
+            except Exception as error:
+                response.close()
+                if exchange is not None:
+                    exchange.status, exchange.headers = response.status_code, response.headers
+                    exchange.finish(error)
+                raise
+            response.close()
+            return _annotated(response, raw, exchange)
+        if exchange is None:
+            return response
+        exchange.status, exchange.headers = response.status_code, response.headers
+        if response.is_closed:  # already read (e.g. a MockTransport's Response(content=...)): decoded bytes
+            exchange.decoded = True
+            exchange.chunks.append(response.content)
+            exchange.finish()
+            return response
+        response.stream = _SyncTee(response.stream, exchange)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
+    """The async twin of RecordingTransport (same options, same records)."""
+
+    def __init__(
+        self,
+        transport: httpx.AsyncBaseTransport | Any | None = None,
+        *,
+        request_token_ids: bool = False,
+        annotate_choices: bool = False,
+        logprobs_mode: str | None = None,
+    ) -> None:
+        self.inner = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.options = _Options(request_token_ids, annotate_choices, logprobs_mode)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        trajectory = CURRENT.get()
+        options = self.options
+        if trajectory is None and not options.rewrites:
+            return await self.inner.handle_async_request(request)
+        kind = _kind(request)
+        if kind is None:
+            return await self.inner.handle_async_request(request)
+        body = await request.aread()
+        payload = None
+        if options.request_token_ids and kind == "chat":
+            request, body, payload = _ask_token_ids(request, body)
+        exchange = (
+            Exchange(trajectory, request, body, payload, options.logprobs_mode)
+            if trajectory is not None
+            else None
+        )
+        try:
+            response = await self.inner.handle_async_request(request)
+        except Exception as error:
+            if exchange is not None:
+                exchange.finish(error)
+            raise
+        if options.annotate_choices and kind == "chat" and _wants_annotation(response):
+            try:
+                raw = b"".join([chunk async for chunk in response.stream])  # type: ignore[union-attr]
+            except Exception as error:
+                await response.aclose()
+                if exchange is not None:
+                    exchange.status, exchange.headers = response.status_code, response.headers
+                    exchange.finish(error)
+                raise
+            await response.aclose()
+            return _annotated(response, raw, exchange)
+        if exchange is None:
+            return response
+        exchange.status, exchange.headers = response.status_code, response.headers
+        if response.is_closed:  # already read (e.g. a MockTransport's Response(content=...)): decoded bytes
+            exchange.decoded = True
+            exchange.chunks.append(response.content)
+            exchange.finish()
+            return response
+        response.stream = _AsyncTee(response.stream, exchange)  # type: ignore[arg-type]
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _SyncTee(*_SYNC_STREAMS):  # type: ignore[misc]
+    """Passes the body through chunk by chunk, keeping a reference to each; records when it ends or closes."""
+
+    __slots__ = ("_inner", "_exchange")
+
+    def __init__(self, inner: Any, exchange: Exchange) -> None:
+        self._inner = inner
+        self._exchange = exchange
+
+    def __iter__(self) -> Iterator[bytes]:
+        append = self._exchange.chunks.append
+        try:
+            for chunk in self._inner:
+                append(chunk)
+                yield chunk
+        except Exception as error:
+            self._exchange.finish(error)
+            raise
+        self._exchange.finish()
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._exchange.finish(early=True)
+
+
+class _AsyncTee(*_ASYNC_STREAMS):  # type: ignore[misc]
+    __slots__ = ("_inner", "_exchange")
+
+    def __init__(self, inner: Any, exchange: Exchange) -> None:
+        self._inner = inner
+        self._exchange = exchange
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        append = self._exchange.chunks.append
+        try:
+            async for chunk in self._inner:
+                append(chunk)
+                yield chunk
+        except Exception as error:
+            self._exchange.finish(error)
+            raise
+        self._exchange.finish()
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._exchange.finish(early=True)
