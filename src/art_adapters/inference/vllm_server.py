@@ -184,7 +184,7 @@ class VLLMServer:
         self.model_name = self.config.served_model_name or self.base_model.name
         self.requested_port = port
         self.port: int | None = None
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = "art-" + secrets.token_urlsafe(24)  # never starts with "-" (argparse would eat it)
         self.log_path = (
             Path(log_path)
             if log_path
@@ -240,6 +240,8 @@ class VLLMServer:
             "--no-enable-chunked-prefill",
             "--generation-config", "vllm",
             "--disable-uvicorn-access-log",
+            # Guided JSON without free whitespace: small models otherwise emit whitespace until max_tokens.
+            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
         ]  # fmt: skip
         if self.on_cuda:
             args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
