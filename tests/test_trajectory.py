@@ -263,3 +263,12 @@ def test_reformatted_tool_arguments_still_continue_the_conversation() -> None:
     assert trajectory.additional_histories == []
     assert [m["role"] for m in trajectory.messages()] == ["user", "assistant", "tool", "assistant"]
     assert isinstance(trajectory.messages_and_choices[1], Choice)
+
+
+def test_group_rejects_items_that_are_not_trajectories() -> None:
+    with pytest.raises(TypeError, match="iterable of trajectories, not str"):
+        TrajectoryGroup("nope")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="item 1 is a int"):
+        TrajectoryGroup([Trajectory(), 3])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        TrajectoryGroup.model_validate({"trajectories": "nope"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 import traceback
@@ -173,18 +174,25 @@ class TrajectoryGroup(BaseModel):
         metadata: dict[str, MetadataValue] | None = None,
         **data: Any,
     ) -> None:
+        if isinstance(trajectories, str | bytes | dict | BaseModel):
+            raise TypeError(f"TrajectoryGroup takes an iterable of trajectories, not {type(trajectories).__name__}")
         done: list[Trajectory] = []
         pending: list[Awaitable[Trajectory]] = []
         errors = list(exceptions or [])
-        for item in trajectories:
+        for index, item in enumerate(trajectories):
             if isinstance(item, Trajectory):
                 done.append(item)
             elif isinstance(item, BaseException):
                 errors.append(exception_record(item))
             elif isinstance(item, dict):
                 done.append(Trajectory.model_validate(item))
-            else:
+            elif inspect.isawaitable(item):
                 pending.append(item)
+            else:
+                raise TypeError(
+                    f"TrajectoryGroup item {index} is a {type(item).__name__}: expected a Trajectory, "
+                    "a Trajectory dict or an awaitable of one"
+                )
         super().__init__(trajectories=done, exceptions=errors, metadata=metadata or {}, **data)
         self._pending = pending
 
