@@ -12,9 +12,14 @@ from .trajectory import History, LLMCall, RolloutError, Trajectory, TrajectoryGr
 if TYPE_CHECKING:
     from .backend.base import Backend
     from .backend.local import LocalBackend
-    from .backend.remote import RemoteBackend
+    from .backend.remote import RemoteBackend, RemoteBackendError
     from .capture import capture, current_trajectory
     from .gather import gather_trajectories, gather_trajectory_groups
+    from .ray import gather_on_ray
+    from .report import write_report
+    from .rewards import RulerError, ruler, ruler_score_group
+    from .tracing.langfuse import LangfuseExporter
+    from .tracing.wandb import WandbLogger
 
 __version__ = "0.1.0"
 
@@ -27,6 +32,14 @@ _LAZY = {
     "Backend": ".backend.base",
     "LocalBackend": ".backend.local",
     "RemoteBackend": ".backend.remote",
+    "RemoteBackendError": ".backend.remote",
+    "gather_on_ray": ".ray",
+    "ruler_score_group": ".rewards",
+    "ruler": ".rewards",
+    "RulerError": ".rewards",
+    "LangfuseExporter": ".tracing.langfuse",
+    "WandbLogger": ".tracing.wandb",
+    "write_report": ".report",
 }
 
 
@@ -43,18 +56,26 @@ __all__ = [
     "Backend",
     "History",
     "LLMCall",
+    "LangfuseExporter",
     "LoRAConfig",
     "LocalBackend",
     "Model",
     "RemoteBackend",
+    "RemoteBackendError",
     "RolloutError",
+    "RulerError",
     "SFTConfig",
     "TrainConfig",
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "WandbLogger",
     "capture",
     "current_trajectory",
     "gather_trajectories",
+    "gather_on_ray",
     "gather_trajectory_groups",
+    "ruler",
+    "ruler_score_group",
+    "write_report",
 ]

@@ -15,11 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's own)")
     demo.add_argument("--out", default=None, help="where to write the reward curve PNG")
 
-    serve = commands.add_parser("serve", help="expose a LocalBackend over HTTP for RemoteBackend clients")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=7999)
-    serve.add_argument("--api-key", default=None, help="required unless bound to loopback (env ART_ADAPTERS_API_KEY)")
-    serve.add_argument("--path", default=".art")
+    commands.add_parser(
+        "serve", help="expose a LocalBackend over HTTP for RemoteBackend clients (see `serve --help`)", add_help=False
+    )
 
     report = commands.add_parser("report", help="write an HTML report (and PNG curves) of a model's run")
     report.add_argument("model_dir", help="e.g. .art/my-project/models/my-model")
@@ -28,15 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     tiny = commands.add_parser("tiny-model", help="build the offline tiny Qwen2 model and tokenizer")
     tiny.add_argument("out_dir")
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from .backend.server import serve_command
+
+        serve_command(argv[1:])
+        return 0
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo_command
 
         run_demo_command(path=args.path, steps=args.steps, out=args.out)
-    elif args.command == "serve":
-        from .backend.server import serve
-
-        serve(host=args.host, port=args.port, api_key=args.api_key, path=args.path)
     elif args.command == "report":
         from .report import report_command
 

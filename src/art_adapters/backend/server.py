@@ -1,0 +1,366 @@
+"""The HTTP server exposing a Backend to RemoteBackend clients: JSON routes, NDJSON progress, and the model's
+OpenAI-compatible endpoint proxied at `/v1`, all behind one bearer key."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Discriminator, Field, Tag
+from starlette.exceptions import HTTPException
+
+from ..config import SFTConfig, TrainConfig
+from ..model import Model, TrainableModel
+from ..trajectory import MetadataValue, Trajectory, TrajectoryGroup
+from .base import Backend, InferenceEndpoint
+from .proxy import Guard, InferenceProxy
+
+log = logging.getLogger("art_adapters.server")
+
+API_KEY_ENV = "ART_ADAPTERS_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+NDJSON = "application/x-ndjson"
+T = TypeVar("T")
+
+
+# ---- request bodies (validated by the data model; errors name the field) ------------------------------------
+
+
+def _model_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "trainable" if value.get("trainable") or "base_model" in value else "plain"
+    return "trainable" if isinstance(value, TrainableModel) else "plain"
+
+
+AnyModel = Annotated[
+    Annotated[TrainableModel, Tag("trainable")] | Annotated[Model, Tag("plain")], Discriminator(_model_kind)
+]
+
+
+class RegisterRequest(BaseModel):
+    model: AnyModel
+
+
+class GroupPayload(BaseModel):
+    """A TrajectoryGroup on the wire, validated strictly (trajectories must be a list of Trajectory objects)."""
+
+    trajectories: list[Trajectory]
+    exceptions: list[dict[str, str]] = Field(default_factory=list)
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+
+    def group(self) -> TrajectoryGroup:
+        return TrajectoryGroup(self.trajectories, exceptions=self.exceptions, metadata=self.metadata)
+
+
+class ModelRequest(BaseModel):
+    model: TrainableModel
+
+
+class TrainRequest(ModelRequest):
+    groups: list[GroupPayload]
+    config: TrainConfig = Field(default_factory=TrainConfig)
+
+
+class SFTRequest(ModelRequest):
+    trajectories: list[Trajectory]
+    config: SFTConfig = Field(default_factory=SFTConfig)
+
+
+class LogRequest(ModelRequest):
+    groups: list[GroupPayload]
+    split: str = Field(default="val", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class DeleteRequest(ModelRequest):
+    best_checkpoint_metric: str | None = None
+
+
+# ---- the app --------------------------------------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self, backend: Backend, proxy: InferenceProxy) -> None:
+        self.backend = backend
+        self.proxy = proxy
+        self.models: dict[tuple[str, str], Model] = {}
+        self.endpoints: dict[tuple[str, str], InferenceEndpoint] = {}
+        self.locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def register(self, model: Model) -> InferenceEndpoint:
+        key = (model.project, model.name)
+        endpoint = await self.backend.register(model)
+        model._backend = self.backend
+        model.inference_base_url, model.inference_api_key = endpoint.base_url, endpoint.api_key
+        self.models[key], self.endpoints[key] = model, endpoint
+        if isinstance(model, TrainableModel):  # only what the backend serves is proxied (no relay to any URL)
+            self.proxy.add([model.name, endpoint.model_name], endpoint)
+        return endpoint
+
+    async def model(self, model: TrainableModel) -> TrainableModel:
+        """The registered instance of the model (registering it first, e.g. after a server restart)."""
+        known = self.models.get((model.project, model.name))
+        if isinstance(known, TrainableModel):
+            return known
+        await self.register(model)
+        return model
+
+    def lock(self, model: Model) -> asyncio.Lock:
+        return self.locks.setdefault((model.project, model.name), asyncio.Lock())
+
+
+def create_app(
+    backend: Backend,
+    *,
+    api_key: str | None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    public_url: str | None = None,
+    heartbeat_s: float = 15.0,
+    proxy_read_timeout_s: float = 600.0,
+) -> FastAPI:
+    """The FastAPI app serving `backend`. `public_url` overrides the base URL handed to clients (default: the URL
+    the request came in on); `heartbeat_s` is the idle gap after which a progress stream sends a heartbeat line."""
+    state = _State(backend, InferenceProxy(read_timeout_s=proxy_read_timeout_s))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if state.tasks:  # let steps in flight finish (or fail) before the backend goes
+            await asyncio.gather(*state.tasks, return_exceptions=True)
+        await state.proxy.aclose()
+        await backend.close()
+
+    app = FastAPI(
+        title="art-adapters backend", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.state.art = state
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        # The field and the reason, never the input echoed back (it may be huge, or not even UTF-8).
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+            for e in error.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": [f"{p}/{n}" for p, n in state.models], "training": len(state.tasks)}
+
+    @app.post("/models/register")
+    async def register(body: RegisterRequest, request: Request) -> dict[str, Any]:
+        endpoint = await _checked(state.register(body.model))
+        if not isinstance(body.model, TrainableModel):  # e.g. a judge on its own API: reached directly
+            return {**endpoint.model_dump(), "proxied": False}
+        base = (public_url or str(request.base_url)).rstrip("/")
+        answer = endpoint.model_copy(update={"base_url": f"{base}/v1", "api_key": api_key or "none"})
+        return {**answer.model_dump(), "proxied": True}
+
+    @app.post("/models/step")
+    async def get_step(body: ModelRequest) -> dict[str, int]:
+        return {"step": await _checked(_step(backend, state, body.model))}
+
+    @app.post("/models/train")
+    async def train(body: TrainRequest) -> StreamingResponse:
+        model = await _checked(state.model(body.model))
+        return _progress(
+            state,
+            model,
+            lambda: backend.train(model, [g.group() for g in body.groups], body.config),
+            heartbeat_s,
+        )
+
+    @app.post("/models/train_sft")
+    async def train_sft(body: SFTRequest) -> StreamingResponse:
+        model = await _checked(state.model(body.model))
+        return _progress(
+            state, model, lambda: backend.train_sft(model, body.trajectories, body.config), heartbeat_s
+        )
+
+    @app.post("/models/log")
+    async def log_groups(body: LogRequest) -> dict[str, Any]:
+        model = await _checked(state.model(body.model))
+        return {"metrics": await _checked(backend.log(model, [g.group() for g in body.groups], body.split))}
+
+    @app.post("/models/delete_checkpoints")
+    async def delete_checkpoints(body: DeleteRequest) -> dict[str, list[int]]:
+        model = await _checked(state.model(body.model))
+        async with state.lock(model):
+            deleted = await _checked(backend.delete_checkpoints(model, body.best_checkpoint_metric))
+        return {"deleted": list(deleted)}
+
+    @app.get("/v1/models")
+    async def list_models() -> Any:
+        return await state.proxy.list_models()
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
+    async def inference(path: str, request: Request) -> Any:
+        return await state.proxy.forward(request, path)
+
+    return app
+
+
+_END = object()
+
+
+async def _checked(awaitable: Awaitable[T]) -> T:
+    """Backend failures as HTTP errors with the backend's message: ValueError -> 400, anything else -> 500."""
+    try:
+        return await awaitable
+    except HTTPException:
+        raise
+    except ValueError as error:
+        raise HTTPException(400, f"{type(error).__name__}: {error}") from error
+    except Exception as error:
+        log.exception("backend call failed")
+        raise HTTPException(500, f"{type(error).__name__}: {error}") from error
+
+
+async def _step(backend: Backend, state: _State, model: TrainableModel) -> int:
+    """The step needs no registration (it is on disk): a restarted server answers without starting an engine."""
+    known = state.models.get((model.project, model.name))
+    return await backend.get_step(known if isinstance(known, TrainableModel) else model)
+
+
+def _progress(state: _State, model: Model, start: Any, heartbeat_s: float) -> StreamingResponse:
+    """Run the step in a task of its own (a client that goes away does not cut it short) and stream its events
+    as NDJSON; the stream ends with the `done` event or an `error` event."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump() -> None:
+        done = False
+        try:
+            async with state.lock(model):
+                async for event in start():
+                    done = done or event.get("event") == "done"
+                    queue.put_nowait(event)
+            if not done:
+                queue.put_nowait(
+                    {"event": "error", "type": "RuntimeError", "message": "step ended without 'done'"}
+                )
+        except Exception as error:
+            log.exception("step of %s/%s failed", model.project, model.name)
+            queue.put_nowait({"event": "error", "type": type(error).__name__, "message": str(error)})
+        finally:
+            queue.put_nowait(_END)
+
+    task = asyncio.create_task(pump(), name=f"step-{model.project}/{model.name}")
+    state.tasks.add(task)
+    task.add_done_callback(state.tasks.discard)
+
+    async def lines() -> AsyncIterator[bytes]:
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), heartbeat_s)
+            except TimeoutError:
+                item = {"event": "heartbeat"}
+            if item is _END:
+                return
+            yield json.dumps(item, default=_jsonable).encode() + b"\n"
+
+    return StreamingResponse(lines(), media_type=NDJSON, headers={"cache-control": "no-cache"})
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+# ---- running it -----------------------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to listen beyond loopback without an API key."""
+    if not api_key and not is_loopback(host):
+        raise SystemExit(
+            f"art-adapters serve: refusing to listen on {host!r} without an API key. Anyone who can reach it could "
+            f"train and query your models. Pass --api-key KEY (or set {API_KEY_ENV}), or bind 127.0.0.1."
+        )
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 7999,
+    api_key: str | None = None,
+    path: str = ".art",
+    *,
+    backend: Backend | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "info",
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+) -> None:
+    """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
+    and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS)."""
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    check_bind(host, api_key)
+    import uvicorn
+
+    if backend is None:
+        from .local import LocalBackend
+
+        backend = LocalBackend(path=path)
+    app = create_app(backend, api_key=api_key, max_body_bytes=max_body_bytes)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        backlog=2048,
+        timeout_keep_alive=30,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+    )
+
+
+def serve_command(argv: list[str] | None = None) -> None:
+    """`art-adapters serve --host 127.0.0.1 --port 7999 [--api-key KEY] [--path .art]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="art-adapters serve", description="Expose a LocalBackend over HTTP."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=7999)
+    parser.add_argument("--api-key", default=None, help=f"required beyond loopback (or env {API_KEY_ENV})")
+    parser.add_argument("--path", default=".art", help="backend folder (default .art)")
+    parser.add_argument("--max-body-mb", type=int, default=DEFAULT_MAX_BODY_BYTES // 2**20)
+    parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
+    args = parser.parse_args(argv)
+    serve(
+        args.host,
+        args.port,
+        args.api_key,
+        args.path,
+        max_body_bytes=args.max_body_mb * 2**20,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
+
+
+if __name__ == "__main__":
+    serve_command()

@@ -1,0 +1,170 @@
+"""Rollouts on Ray workers: each worker runs the async rollout in its own event loop and sends back Trajectory JSON;
+the driver gets the same TrajectoryGroups `gather_trajectory_groups` returns. Ray is imported only when used."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from .backend.base import InferenceEndpoint
+from .model import Model, TrainableModel
+from .trajectory import RolloutError, Trajectory, TrajectoryGroup, exception_record
+
+S = TypeVar("S")
+RolloutFn = Callable[[Model, Any], Awaitable[Trajectory]]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise ImportError("gather_on_ray needs Ray: pip install 'art-adapters[ray]'") from error
+    return ray
+
+
+def model_spec(model: Model) -> dict[str, Any]:
+    """What a worker needs to rebuild the model: its JSON, its endpoint, and a RemoteBackend's address."""
+    from .backend.remote import RemoteBackend
+
+    endpoint = model._endpoint
+    backend = model._backend
+    return {
+        "trainable": isinstance(model, TrainableModel),
+        "model": model.model_dump_json(),
+        "endpoint": endpoint.model_dump_json() if endpoint is not None else None,
+        "remote": (
+            {"base_url": backend.base_url, "api_key": backend.api_key, "timeout_s": backend.timeout_s}
+            if isinstance(backend, RemoteBackend)
+            else None
+        ),
+    }
+
+
+def rebuild_model(spec: dict[str, Any]) -> Model:
+    """The worker's copy of the model: same endpoint (token ids included); `get_step` etc. work through a
+    RemoteBackend when the driver used one."""
+    cls = TrainableModel if spec["trainable"] else Model
+    model = cls.model_validate_json(spec["model"])
+    if spec["endpoint"] is not None:
+        model._endpoint = InferenceEndpoint.model_validate_json(spec["endpoint"])
+    if spec["remote"] is not None:
+        from .backend.remote import RemoteBackend
+
+        model._backend = RemoteBackend(**spec["remote"])
+    return model
+
+
+def run_rollouts(
+    rollout_fn: RolloutFn, spec: dict[str, Any], scenario: Any, count: int
+) -> list[dict[str, Any]]:
+    """The Ray task: `count` rollouts of one scenario, concurrently in a fresh event loop. Each result is
+    `{"trajectory": json}` or `{"error": exception_record}` (no pickled Trajectory crosses the wire)."""
+
+    async def one(model: Model) -> dict[str, Any]:
+        try:
+            result = await rollout_fn(model, scenario)
+        except Exception as error:
+            return {"error": exception_record(error)}
+        if not isinstance(result, Trajectory):
+            return {
+                "error": exception_record(
+                    TypeError(f"rollout returned {type(result).__name__}, not a Trajectory")
+                )
+            }
+        return {"trajectory": result.model_dump_json()}
+
+    async def main() -> list[dict[str, Any]]:
+        model = rebuild_model(spec)
+        try:
+            return list(await asyncio.gather(*(one(model) for _ in range(count))))
+        finally:
+            if model._backend is not None:
+                await model._backend.close()
+
+    return asyncio.run(main())
+
+
+async def gather_on_ray(
+    rollout_fn: RolloutFn,
+    scenarios: Iterable[S],
+    group_size: int,
+    *,
+    model: Model,
+    max_exceptions: int | float = 0,
+    group_per_task: bool = False,
+    max_in_flight: int | None = None,
+    num_cpus: float = 1.0,
+    remote_options: dict[str, Any] | None = None,
+    address: str | None = None,
+    pbar_desc: str | None = "gather (ray)",
+) -> list[TrajectoryGroup]:
+    """One TrajectoryGroup per scenario, in order, each of `group_size` rollouts `await rollout_fn(model, scenario)`
+    run on Ray workers.
+
+    The model travels as JSON (its endpoint must be reachable from the workers: in a cluster, serve the backend on
+    a routable host with an API key). `rollout_fn` and the scenarios travel by Ray's pickling, so they must be
+    importable on the workers. `group_per_task=True` runs a whole group in one task (cheaper for I/O-bound
+    agents); otherwise each rollout is its own task with `num_cpus`. `max_exceptions` as in
+    `gather_trajectory_groups` (a count, or a fraction in (0, 1) of all rollouts); past it `RolloutError` is raised.
+    `max_in_flight` bounds the tasks submitted at once. Ray is started locally (or joins `address`) if needed.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, not {group_size}")
+    if max_exceptions < 0:
+        raise ValueError(f"max_exceptions must be >= 0, not {max_exceptions}")
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
+    items: Sequence[S] = list(scenarios)
+    spec = ray.put(model_spec(model))
+    task = ray.remote(run_rollouts).options(num_cpus=num_cpus, **(remote_options or {}))
+    per_task = group_size if group_per_task else 1
+    jobs = [(k, per_task) for k in range(len(items)) for _ in range(group_size // per_task)]
+    bound = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+    total = len(items) * group_size
+    pbar = _progress(pbar_desc, total)
+
+    async def submit(index: int, count: int) -> tuple[int, list[dict[str, Any]]]:
+        if bound is not None:
+            await bound.acquire()
+        try:
+            results = await task.remote(rollout_fn, spec, items[index], count)
+        except Exception as error:  # the task itself failed (worker died, scenario not picklable, ...)
+            results = [{"error": exception_record(error)}] * count
+        finally:
+            if bound is not None:
+                bound.release()
+        if pbar is not None:
+            pbar.update(count)
+        return index, results
+
+    try:
+        finished = await asyncio.gather(*(submit(k, n) for k, n in jobs))
+    finally:
+        if pbar is not None:
+            pbar.close()
+    groups = [TrajectoryGroup() for _ in items]
+    for index, results in finished:
+        for result in results:
+            if "trajectory" in result:
+                groups[index].trajectories.append(Trajectory.model_validate_json(result["trajectory"]))
+            else:
+                groups[index].exceptions.append(result["error"])
+    failures = [e for g in groups for e in g.exceptions]
+    allowed = max_exceptions * total if 0 < max_exceptions < 1 else max_exceptions
+    if len(failures) > allowed:
+        first = failures[0]
+        raise RolloutError(
+            f"{len(failures)} of {total} rollouts failed on Ray, more than max_exceptions={max_exceptions}; "
+            f"first: {first['type']}: {first['message']}\n{first.get('traceback', '')}"
+        )
+    return groups
+
+
+def _progress(desc: str | None, total: int) -> Any:
+    if desc is None:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rollout", dynamic_ncols=True)

@@ -1,0 +1,90 @@
+"""gather_on_ray on a local Ray instance: rollouts run in worker processes, groups come back as the driver's."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import art_adapters as art
+from art_adapters.backend.remote import RemoteBackend
+from art_adapters.backend.server import create_app
+from art_adapters.testing import ScriptedServer
+from art_adapters.trajectory import RolloutError
+from test_remote_backend import FakeBackend, running, trainable
+
+ray = pytest.importorskip("ray")
+from art_adapters.ray import gather_on_ray  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    tests = str(Path(__file__).parent)  # workers import this module to unpickle the rollout functions
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def remote_model(tmp_path: Path) -> Iterator[art.TrainableModel]:
+    with ScriptedServer(None) as inference:
+        fake = FakeBackend(tmp_path / "art", inference.base_url)
+        with running(create_app(fake, api_key="ray-key")) as url:
+            yield trainable(), url  # type: ignore[misc]
+
+
+async def rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+    """Runs on a worker: one recorded chat through the server's proxy, rewarded by the scenario."""
+    if scenario.get("fail"):
+        raise ValueError(f"scenario {scenario['id']} is broken")
+    async with art.capture() as trajectory:
+        answer = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": scenario["q"]}]
+        )
+    trajectory.reward = float(answer.choices[0].message.content == f"echo: {scenario['q']}")
+    trajectory.metadata["pid"] = os.getpid()
+    trajectory.metadata["step"] = await model.get_step()  # the worker's RemoteBackend reaches the server
+    return trajectory
+
+
+SCENARIOS = [{"id": k, "q": f"question {k}"} for k in range(3)]
+
+
+@pytest.mark.parametrize("group_per_task", [False, True])
+async def test_groups_come_back_as_from_gather(
+    local_ray: Any, remote_model: Any, group_per_task: bool
+) -> None:
+    model, url = remote_model
+    await model.register(RemoteBackend(url, "ray-key"))
+    groups = await gather_on_ray(
+        rollout, SCENARIOS, 2, model=model, group_per_task=group_per_task, pbar_desc=None
+    )
+    assert [len(g.trajectories) for g in groups] == [2, 2, 2]
+    assert all(t.reward == 1.0 and t.metadata["step"] == 0 for g in groups for t in g)
+    assert {t.metadata["pid"] for g in groups for t in g} != {os.getpid()}  # ran elsewhere
+    call = groups[1].trajectories[0].llm_calls[0]
+    assert call.request["messages"][-1]["content"] == "question 1"
+    assert call.completion_token_ids  # token ids survived the JSON round trip
+    assert groups[1].trajectories[0].messages()[-1] == {"role": "assistant", "content": "echo: question 1"}
+
+
+async def test_failures_follow_max_exceptions(local_ray: Any, remote_model: Any) -> None:
+    model, url = remote_model
+    await model.register(RemoteBackend(url, "ray-key"))
+    scenarios = [*SCENARIOS[:2], {"id": 9, "q": "x", "fail": True}]
+    groups = await gather_on_ray(rollout, scenarios, 2, model=model, max_exceptions=2, pbar_desc=None)
+    assert [len(g.trajectories) for g in groups] == [2, 2, 0]
+    assert [e["type"] for e in groups[2].exceptions] == ["ValueError", "ValueError"]
+    with pytest.raises(RolloutError, match="2 of 6 rollouts failed on Ray.*ValueError: scenario 9 is broken"):
+        await gather_on_ray(rollout, scenarios, 2, model=model, max_exceptions=0.2, pbar_desc=None)
+    with pytest.raises(ValueError, match="group_size"):
+        await gather_on_ray(rollout, scenarios, 0, model=model)
