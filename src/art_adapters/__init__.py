@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
 from .config import LoRAConfig, SFTConfig, TrainConfig
 from .model import Model, TrainableModel
 from .trajectory import History, LLMCall, RolloutError, Trajectory, TrajectoryGroup
@@ -13,7 +14,6 @@ if TYPE_CHECKING:
     from .backend.base import Backend
     from .backend.local import LocalBackend
     from .backend.remote import RemoteBackend, RemoteBackendError
-    from .capture import capture, current_trajectory
     from .gather import gather_trajectories, gather_trajectory_groups
     from .ray import gather_on_ray
     from .report import write_report
@@ -25,8 +25,6 @@ __version__ = "0.1.0"
 
 # Names resolved on first use, so `import art_adapters` stays light (no httpx transport, no backend code).
 _LAZY = {
-    "capture": ".capture",
-    "current_trajectory": ".capture",
     "gather_trajectory_groups": ".gather",
     "gather_trajectories": ".gather",
     "Backend": ".backend.base",

@@ -1,0 +1,332 @@
+"""SQLite environment: a generated shop database file, questions answered from it, and a read-only query tool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .base import Scenario, Tool, ToolSet, exact_match_reward
+
+SCHEMA = """
+CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL, signup_year INTEGER NOT NULL);
+CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, category TEXT NOT NULL, price REAL NOT NULL);
+CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id),
+                     order_date TEXT NOT NULL, status TEXT NOT NULL);
+CREATE TABLE order_items (order_id INTEGER NOT NULL REFERENCES orders(id),
+                          product_id INTEGER NOT NULL REFERENCES products(id), quantity INTEGER NOT NULL,
+                          PRIMARY KEY (order_id, product_id));
+"""
+
+FIRST = [
+    "Ada",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Kira",
+    "Liam",
+    "Mina",
+    "Noah",
+    "Olga",
+    "Pablo",
+    "Quinn",
+    "Rosa",
+    "Sven",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wes",
+    "Yara",
+    "Zoe",
+]
+LAST = ["Okafor", "Lindqvist", "Moreau", "Patel", "Schmidt", "Tanaka", "Silva", "Novak", "Kim", "Haddad"]
+CITIES = ["Lisbon", "Oslo", "Nairobi", "Osaka", "Lima", "Tallinn"]
+CATALOG = {
+    "books": ["Atlas of Rivers", "Pocket Haiku", "Sea Stories", "The Clockmaker"],
+    "garden": ["Copper Trowel", "Seed Tin", "Rain Barrel", "Hedge Shears"],
+    "kitchen": ["Cast Iron Pan", "Tea Kettle", "Bread Knife", "Spice Rack", "Salad Bowl"],
+    "toys": ["Kite", "Wooden Train", "Puzzle Cube", "Yo-yo"],
+}
+STATUSES = ["delivered", "delivered", "delivered", "shipped", "cancelled"]
+YEARS = [2022, 2023, 2024]
+
+# Reads only: anything else (writes, ATTACH, DETACH, PRAGMA writes, transactions) is denied by the authorizer.
+_ALLOWED_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,
+}
+_READ_PRAGMAS = {"table_info", "table_xinfo", "foreign_key_list", "index_list", "index_info", "table_list"}
+
+
+def build_database(path: str | Path, seed: int = 0, customers: int = 40, orders: int = 160) -> Path:
+    """Write the shop database to `path` (atomically); the same seed gives the same data."""
+    rng = random.Random(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        with sqlite3.connect(tmp) as conn:
+            conn.executescript(SCHEMA)
+            names = rng.sample([f"{f} {s}" for f in FIRST for s in LAST], customers)
+            conn.executemany(
+                "INSERT INTO customers VALUES (?, ?, ?, ?)",
+                [
+                    (i + 1, n, rng.choice(CITIES), rng.choice([2019, 2020, 2021, 2022]))
+                    for i, n in enumerate(names)
+                ],
+            )
+            products = [(c, n) for c, ns in CATALOG.items() for n in ns]
+            conn.executemany(
+                "INSERT INTO products VALUES (?, ?, ?, ?)",
+                [(i + 1, n, c, round(rng.uniform(3, 120), 2)) for i, (c, n) in enumerate(products)],
+            )
+            for order_id in range(1, orders + 1):
+                date = f"{rng.choice(YEARS)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+                conn.execute(
+                    "INSERT INTO orders VALUES (?, ?, ?, ?)",
+                    (order_id, rng.randint(1, customers), date, rng.choice(STATUSES)),
+                )
+                for product_id in rng.sample(range(1, len(products) + 1), rng.randint(1, 4)):
+                    conn.execute(
+                        "INSERT INTO order_items VALUES (?, ?, ?)", (order_id, product_id, rng.randint(1, 5))
+                    )
+        conn.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+class ReadOnlyDatabase:
+    """Runs one query at a time on a read-only connection, with a time limit and a row cap; errors are text."""
+
+    def __init__(
+        self, path: str | Path, timeout_s: float = 1.0, max_rows: int = 50, max_chars: int = 4000
+    ) -> None:
+        self.path = Path(path).resolve()
+        if not self.path.exists():
+            raise FileNotFoundError(self.path)
+        self.timeout_s = timeout_s
+        self.max_rows = max_rows
+        self.max_chars = max_chars
+
+    def connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("PRAGMA query_only = ON")
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+        conn.set_authorizer(_authorize)
+        return conn
+
+    def query(self, sql: str) -> str:
+        """The result as a small text table, or `Error: ...` (syntax, denied, timed out, too big)."""
+        if not isinstance(sql, str) or not sql.strip():
+            return "Error: empty query"
+        deadline = time.monotonic() + self.timeout_s
+        conn = self.connect()
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+        try:
+            cursor = conn.execute(sql)
+            rows = cursor.fetchmany(self.max_rows + 1)
+            columns = [d[0] for d in cursor.description or []]
+        except sqlite3.OperationalError as error:
+            if time.monotonic() > deadline or "interrupted" in str(error):
+                return f"Error: query took longer than {self.timeout_s:g}s and was stopped"
+            return f"Error: {error}"
+        except (sqlite3.Error, sqlite3.Warning, OverflowError, MemoryError) as error:
+            return f"Error: {error}"
+        finally:
+            conn.close()
+        return format_rows(columns, rows, self.max_rows, self.max_chars)
+
+    async def aquery(self, sql: str) -> str:
+        return await asyncio.to_thread(self.query, sql)
+
+    def schema(self) -> str:
+        conn = self.connect()
+        try:
+            rows = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' ORDER BY name").fetchall()
+        finally:
+            conn.close()
+        return "\n".join(re.sub(r"\s+", " ", r[0]).strip() + ";" for r in rows)
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+    if action in _ALLOWED_ACTIONS:
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _READ_PRAGMAS:
+        return sqlite3.SQLITE_OK
+    return sqlite3.SQLITE_DENY
+
+
+def format_rows(columns: list[str], rows: list[tuple[Any, ...]], max_rows: int, max_chars: int) -> str:
+    lines = [" | ".join(columns)] + [
+        " | ".join("NULL" if v is None else str(v) for v in r) for r in rows[:max_rows]
+    ]
+    if len(rows) > max_rows:
+        lines.append(f"... (more rows; only the first {max_rows} are shown)")
+    if not rows:
+        lines.append("(no rows)")
+    text = "\n".join(lines)
+    return text if len(text) <= max_chars else text[:max_chars] + "\n... (output truncated)"
+
+
+class SQLiteEnv:
+    """The shop database as an environment: scenarios, the query tools, and an exact-match reward."""
+
+    def __init__(
+        self, path: str | Path | None = None, seed: int = 0, timeout_s: float = 1.0, max_rows: int = 50
+    ):
+        if path is None:
+            path = Path(tempfile.gettempdir()) / f"art-adapters-shop-{seed}.sqlite"
+        self.path = Path(path)
+        if not self.path.exists():
+            build_database(self.path, seed=seed)
+        self.seed = seed
+        self.db = ReadOnlyDatabase(self.path, timeout_s=timeout_s, max_rows=max_rows)
+
+    def tools(self) -> ToolSet:
+        async def run_query(sql: str) -> str:
+            return await self.db.aquery(sql)
+
+        def describe_schema() -> str:
+            return self.db.schema()
+
+        return ToolSet(
+            [
+                Tool(
+                    "describe_schema",
+                    "The CREATE TABLE statements of the database.",
+                    {"type": "object", "properties": {}, "additionalProperties": False},
+                    describe_schema,
+                ),
+                Tool(
+                    "run_query",
+                    "Run one read-only SQLite SELECT query and get the rows back.",
+                    {
+                        "type": "object",
+                        "properties": {"sql": {"type": "string", "description": "One SQLite query."}},
+                        "required": ["sql"],
+                        "additionalProperties": False,
+                    },
+                    run_query,
+                ),
+            ]
+        )
+
+    def system_prompt(self) -> str:
+        return (
+            "You answer questions about a shop's SQLite database. Use the tools to look at the data. "
+            "When you know the answer, reply with a final line `ANSWER: <answer>` (a number, a name, or a "
+            "comma-separated list).\n\nSchema:\n" + self.db.schema()
+        )
+
+    def scenarios(self, split: str = "train", n: int | None = None) -> list[Scenario]:
+        """Questions with answers computed from the database; `train` and `val` never share a question."""
+        all_scenarios = generate_scenarios(self.path, seed=self.seed)
+        chosen = [s for i, s in enumerate(all_scenarios) if (i % 5 == 4) == (split == "val")]
+        return chosen[:n] if n is not None else chosen
+
+    def reward(self, scenario: Scenario, answer: Any) -> float:
+        return exact_match_reward(scenario, extract_answer(answer))
+
+
+def extract_answer(text: Any) -> Any:
+    """The part after the last `ANSWER:` of a reply (the whole reply when there is none)."""
+    if not isinstance(text, str):
+        return text
+    match = re.findall(r"ANSWER:\s*(.+)", text, flags=re.IGNORECASE)
+    value = match[-1].strip() if match else text.strip()
+    if "," in value and not re.fullmatch(r"[\d,.$\s-]+", value):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def generate_scenarios(path: str | Path, seed: int = 0) -> list[Scenario]:
+    """Questions from templates; each answer is what a query on the database returns (unambiguous ones only)."""
+    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    rng = random.Random(seed + 1)
+    out: list[Scenario] = []
+
+    def one(sql: str, *args: Any) -> Any:
+        return conn.execute(sql, args).fetchone()[0]
+
+    def add(question: str, answer: Any, sql: str) -> None:
+        out.append(
+            Scenario(id=f"sql-{len(out):03d}", question=question, answer=answer, metadata={"sql": sql})
+        )
+
+    revenue = (
+        "SELECT ROUND(SUM(i.quantity * p.price), 2) FROM orders o JOIN order_items i ON i.order_id = o.id "
+        "JOIN products p ON p.id = i.product_id WHERE o.status = 'delivered' AND substr(o.order_date, 1, 4) = ?"
+    )
+    try:
+        for city in CITIES:
+            sql = "SELECT COUNT(*) FROM customers WHERE city = ?"
+            add(f"How many customers live in {city}?", one(sql, city), sql)
+        for year in YEARS:
+            add(
+                f"What was the total revenue (quantity times price) of delivered orders in {year}? "
+                "Round to 2 decimals.",
+                one(revenue, str(year)),
+                revenue,
+            )
+        for category in CATALOG:
+            sql = "SELECT MAX(price) FROM products WHERE category = ?"
+            add(
+                f"What is the price of the most expensive product in the {category} category?",
+                one(sql, category),
+                sql,
+            )
+            sql = (
+                "SELECT SUM(i.quantity) FROM order_items i JOIN products p ON p.id = i.product_id "
+                "WHERE p.category = ?"
+            )
+            add(f"How many units of {category} products were ordered in total?", one(sql, category), sql)
+        names = [r[0] for r in conn.execute("SELECT name FROM customers ORDER BY id")]
+        for name in rng.sample(names, 12):
+            sql = "SELECT COUNT(*) FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.name = ?"
+            add(f"How many orders has {name} placed?", one(sql, name), sql)
+        for status in ["cancelled", "shipped"]:
+            sql = "SELECT COUNT(*) FROM orders WHERE status = ?"
+            add(f"How many orders have the status '{status}'?", one(sql, status), sql)
+        sql = (
+            "SELECT p.name, SUM(i.quantity) AS units FROM order_items i JOIN products p ON p.id = i.product_id "
+            "GROUP BY p.id ORDER BY units DESC LIMIT 2"
+        )
+        top = conn.execute(sql).fetchall()
+        if len(top) == 2 and top[0][1] != top[1][1]:
+            add("Which product has sold the most units?", top[0][0], sql)
+        for city in CITIES[:3]:
+            sql = (
+                "SELECT DISTINCT p.category FROM orders o JOIN customers c ON c.id = o.customer_id "
+                "JOIN order_items i ON i.order_id = o.id JOIN products p ON p.id = i.product_id "
+                "WHERE c.city = ? AND o.status = 'cancelled' ORDER BY 1"
+            )
+            cats = [r[0] for r in conn.execute(sql, (city,))]
+            if cats:
+                add(
+                    f"Which product categories appear in cancelled orders of customers from {city}? "
+                    "List them comma-separated.",
+                    cats,
+                    sql,
+                )
+    finally:
+        conn.close()
+    return out
