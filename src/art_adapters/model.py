@@ -118,5 +118,10 @@ class TrainableModel(Model):
                 result = event.get("metrics", {})
         return result
 
+    async def log(self, trajectories: list[TrajectoryGroup] | list[Trajectory], split: str = "val") -> dict[str, float]:
+        """Record evaluation rollouts at the current step (e.g. `val/reward_mean` for `delete_checkpoints`)."""
+        groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in trajectories]
+        return await self.backend.log(self, groups, split)
+
     async def delete_checkpoints(self, best_checkpoint_metric: str | None = None) -> list[int]:
         return await self.backend.delete_checkpoints(self, best_checkpoint_metric)
