@@ -1,0 +1,169 @@
+"""Save and resume a Trainer: the adapter in the PEFT format vLLM serves, plus optimizer and trainer state.
+
+vLLM 0.32 rejects `modules_to_save` other than classifier heads, so a fully trained `lm_head` is written
+as an exact LoRA delta instead: rank = hidden size, A = identity, B = W_trained - W_base, scaling 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+OPTIMIZER_STATE = "optimizer.pt"
+TRAINER_STATE = "trainer_state.json"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_PREFIX = "base_model.model."
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that serves an adapter of this (largest) rank."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+
+
+def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The adapter's tensors and adapter_config, with every `modules_to_save` module turned into a LoRA delta."""
+    from peft import get_peft_model_state_dict
+
+    config = model.peft_config[model.active_adapter].to_dict()
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    targets = sorted(config["target_modules"])
+    rank_pattern = dict(config.get("rank_pattern") or {})
+    alpha_pattern = dict(config.get("alpha_pattern") or {})
+    base = model.get_base_model()
+    for name in config.get("modules_to_save") or []:
+        key = f"{_PREFIX}{name}.weight"
+        if key not in state:
+            raise ValueError(f"modules_to_save module {name!r} has no weight in the adapter")
+        wrapper = base.get_submodule(name)
+        original = wrapper.original_module.weight.detach().to("cpu", torch.float32)
+        trained = state.pop(key)
+        if not isinstance(wrapper.original_module, torch.nn.Linear):
+            raise ValueError(f"only Linear modules_to_save (lm_head) can be served by vLLM, not {name!r}")
+        hidden = original.shape[1]
+        state[f"{_PREFIX}{name}.lora_A.weight"] = torch.eye(hidden, dtype=torch.float32)
+        state[f"{_PREFIX}{name}.lora_B.weight"] = (trained - original).contiguous()
+        targets.append(name)
+        rank_pattern[name] = hidden
+        alpha_pattern[name] = hidden
+    config.update(
+        target_modules=sorted(set(targets)),
+        modules_to_save=None,
+        rank_pattern=rank_pattern,
+        alpha_pattern=alpha_pattern,
+        inference_mode=True,
+        peft_type="LORA",
+        task_type="CAUSAL_LM",
+    )
+    return state, config
+
+
+def export_adapter(model: Any, directory: Path) -> dict[str, Any]:
+    """Write adapter_config.json + adapter_model.safetensors (loads in PEFT and in vLLM); returns the config."""
+    from safetensors.torch import save_file
+
+    state, config = adapter_tensors(model)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    return config
+
+
+def required_max_lora_rank(config: dict[str, Any]) -> int:
+    ranks = [int(config["r"]), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
+    return vllm_max_lora_rank(max(ranks))
+
+
+def save_trainer(trainer: Trainer, directory: Path) -> Path:
+    """Adapter + `optimizer.pt` (optimizer, exact trainable tensors, rng) + `trainer_state.json`."""
+    config = export_adapter(trainer.model, directory)
+    params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    state: dict[str, Any] = {
+        "optimizer": trainer.optimizer.state_dict(),
+        "params": params,
+        "rng": torch.get_rng_state(),
+        "step": trainer.step,
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(state, directory / OPTIMIZER_STATE)
+    info = {
+        "step": trainer.step,
+        "base_model": trainer.base_model,
+        "engine": trainer.engine,
+        "seed": trainer.seed,
+        "lora": trainer.lora.model_dump(),
+        "vllm_max_lora_rank": required_max_lora_rank(config),
+    }
+    (directory / TRAINER_STATE).write_text(json.dumps(info, indent=2) + "\n")
+    return directory
+
+
+def load_trainer(trainer: Trainer, directory: Path) -> None:
+    """Resume exactly from `save_trainer`; from a bare adapter dir, load its weights only (fresh optimizer)."""
+    if not (directory / OPTIMIZER_STATE).exists():
+        load_adapter_weights(trainer.model, directory)
+        info = directory / TRAINER_STATE
+        trainer.step = json.loads(info.read_text())["step"] if info.exists() else trainer.step
+        return
+    state = torch.load(directory / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
+    named = dict(trainer.model.named_parameters())
+    missing = sorted(set(state["params"]) ^ {n for n, p in named.items() if p.requires_grad})
+    if missing:
+        raise ValueError(f"checkpoint {directory} does not match this adapter's parameters: {missing[:4]}")
+    with torch.no_grad():
+        for name, tensor in state["params"].items():
+            named[name].copy_(tensor)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.step = int(state["step"])
+    torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def load_adapter_weights(model: Any, directory: Path) -> None:
+    """Load an exported adapter into a PEFT model of the same LoRAConfig (LoRA deltas back into full modules)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(directory / ADAPTER_WEIGHTS))
+    config = model.peft_config[model.active_adapter]
+    base = model.get_base_model()
+    for name in config.modules_to_save or []:
+        a, b = state.pop(f"{_PREFIX}{name}.lora_A.weight"), state.pop(f"{_PREFIX}{name}.lora_B.weight")
+        original = base.get_submodule(name).original_module.weight.detach().float().cpu()
+        state[f"{_PREFIX}{name}.weight"] = original + b @ a
+    result = set_peft_model_state_dict(model, state)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"adapter {directory} has tensors this model lacks: {unexpected[:4]}")
+
+
+def vllm_unservable_modules(base_model: str | Path, modules_to_save: list[str]) -> list[str] | None:
+    """The `modules_to_save` vLLM cannot serve for this base model's architecture (None: vLLM not importable).
+
+    vLLM serves a full `lm_head` only as the LoRA delta above, and only for architectures whose vLLM class lists
+    `lm_head` in `embedding_modules` (0.32: Llama, Qwen3, ... but not Qwen2). Imports vLLM: call it once, e.g.
+    when the backend registers a model, not per step.
+    """
+    if not modules_to_save:
+        return []
+    architecture = json.loads((Path(base_model) / "config.json").read_text())["architectures"][0]
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        model_cls = ModelRegistry._try_load_model_cls(architecture)
+    except Exception:  # vLLM absent or its registry changed
+        return None
+    supported = set(getattr(model_cls, "embedding_modules", None) or {})
+    return [m for m in modules_to_save if m != "lm_head" or m not in supported]

@@ -1,0 +1,129 @@
+"""Group advantages and the clipped, importance-weighted policy-gradient loss (GRPO family), top to bottom.
+
+Variants (r = exp(logp_new - logp_sampled) per trained token, A = the sequence's group advantage):
+  grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) per token (PPO clip; epsilon_high > epsilon is DAPO).
+  gspo:   the same, but r is the sequence ratio exp(mean over its trained tokens of logp_new - logp_sampled).
+  cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new (clipped ratio as a stop-gradient weight).
+  beta:   + beta * k3 per token, k3 = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1 (ref = adapter off).
+  token:      normalization sums the step's per-token losses and divides by the step's trained tokens.
+  sequence:   normalization averages each sequence's tokens, then averages over the step's sequences.
+Both normalizations use step totals, so splitting a step into micro-batches leaves the gradient unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..config import TrainConfig
+
+
+class RewardError(ValueError):
+    """A reward that cannot be trained on (NaN or infinite)."""
+
+
+def group_advantages(
+    rewards: Sequence[float], *, scale_rewards: bool = True, group_index: int = 0
+) -> list[float] | None:
+    """reward - group mean (/ group std when `scale_rewards`; off is Dr. GRPO). None when all rewards are equal."""
+    for i, reward in enumerate(rewards):
+        if not math.isfinite(reward):
+            raise RewardError(f"group {group_index}, trajectory {i}: reward is {reward}; rewards must be finite")
+    if len(rewards) < 2:
+        return None
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if std <= 1e-8 * max(1.0, abs(mean)):
+        return None
+    return [(r - mean) / std if scale_rewards else r - mean for r in rewards]
+
+
+@dataclass
+class StepTotals:
+    """Totals over the whole step, so each micro-batch's loss is its exact share of the step's loss."""
+
+    trained_tokens: int
+    sequences: int
+
+
+def policy_loss(
+    new_logprobs: torch.Tensor,
+    sampled_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    sequence_index: torch.Tensor,
+    config: TrainConfig,
+    totals: StepTotals,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch's trained tokens (1-D tensors, one entry per trained token).
+
+    `sequence_index[t]` numbers the token's sequence inside the micro-batch (0..n-1; a sequence is never split
+    across micro-batches). NaN sampled logprobs (the engine returned none) count as on-policy (ratio 1).
+    Returns the loss to backpropagate and sums for the step's metrics (divide by `tokens`).
+    """
+    # 1. Log-ratio against the sampling policy, per token.
+    old = torch.where(torch.isnan(sampled_logprobs), new_logprobs.detach(), sampled_logprobs)
+    log_ratio = new_logprobs - old
+    num_seqs = int(sequence_index.max().item()) + 1 if sequence_index.numel() else 0
+    seq_tokens = torch.zeros(num_seqs, dtype=new_logprobs.dtype, device=new_logprobs.device)
+    seq_tokens.index_add_(0, sequence_index, torch.ones_like(new_logprobs))
+    tokens_of_seq = seq_tokens[sequence_index]
+
+    # 2. The importance ratio: per token, or (GSPO) the sequence's geometric mean, with per-token gradient.
+    if config.loss == "gspo":
+        seq_log_ratio = torch.zeros_like(seq_tokens).index_add_(0, sequence_index, log_ratio.detach())
+        seq_log_ratio = (seq_log_ratio / seq_tokens)[sequence_index]
+        ratio = torch.exp(new_logprobs - new_logprobs.detach() + seq_log_ratio)
+    else:
+        ratio = torch.exp(log_ratio)
+    low, high = 1.0 - config.epsilon, 1.0 + config.clip_high
+    clipped_ratio = torch.clamp(ratio, low, high)
+
+    # 3. The policy-gradient term.
+    if config.loss == "cispo":
+        per_token = -clipped_ratio.detach() * advantages * new_logprobs
+        clipped = (ratio < low) | (ratio > high)
+    else:
+        per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
+        clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
+
+    # 4. Optional KL to the reference policy (k3: unbiased, always >= 0).
+    kl = torch.zeros_like(new_logprobs)
+    if ref_logprobs is not None:
+        delta = ref_logprobs - new_logprobs
+        kl = torch.exp(delta) - delta - 1.0
+        if config.beta > 0:
+            per_token = per_token + config.beta * kl
+
+    # 5. Normalization by step totals (invariant to how the step is split into micro-batches).
+    if config.normalization == "token":
+        weights = torch.full_like(per_token, 1.0 / max(totals.trained_tokens, 1))
+    else:
+        weights = 1.0 / (tokens_of_seq * max(totals.sequences, 1))
+    loss = (per_token * weights).sum()
+
+    sums = {
+        "loss": float(loss.detach()),
+        "tokens": float(new_logprobs.numel()),
+        "clipped": float(clipped.sum()),
+        "ratio": float(ratio.detach().sum()),
+        "kl": float(kl.detach().sum()),
+    }
+    return loss, sums
+
+
+def reinforce_loss(
+    new_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    sequence_index: torch.Tensor,
+    normalization: str,
+    totals: StepTotals,
+) -> torch.Tensor:
+    """Plain REINFORCE, -A * logp normalised like `policy_loss`: its gradient is policy_loss's at ratio 1."""
+    if normalization == "token":
+        return -(advantages * new_logprobs).sum() / max(totals.trained_tokens, 1)
+    counts = torch.bincount(sequence_index).to(new_logprobs.dtype)[sequence_index]
+    return -(advantages * new_logprobs / counts).sum() / max(totals.sequences, 1)

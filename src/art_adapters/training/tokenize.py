@@ -1,0 +1,303 @@
+"""Trajectory -> training sequences: captured prompt ids as context, the engine's sampled ids as trained tokens.
+
+Re-tokenization happens only for context (a hand-built Choice without prompt ids), never for trained tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from openai.types.chat.chat_completion import Choice
+
+from ..trajectory import History, LLMCall, Message, Tools, Trajectory, messages_of
+
+log = logging.getLogger(__name__)
+
+NAN = float("nan")
+
+
+class ChatTokenizer(Protocol):
+    """What we need of a Hugging Face tokenizer."""
+
+    def __len__(self) -> int: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+class TokenizationError(ValueError):
+    """A trajectory's token ids cannot be trained on with this tokenizer."""
+
+
+@dataclass
+class TrainSequence:
+    """One training row: context and sampled tokens of one conversation history.
+
+    `trained_mask[i]` is 1 where `input_ids[i]` was sampled by the engine (its logprob is `sampled_logprobs[i]`,
+    NaN when the engine returned none); 0 for prompt, tool, template and truncated tokens.
+    """
+
+    input_ids: list[int]
+    trained_mask: list[int]
+    sampled_logprobs: list[float]
+    temperature: float = 1.0
+    advantage: float = 0.0
+    group_index: int = 0
+    trajectory_index: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_trained(self) -> int:
+        return sum(self.trained_mask)
+
+
+@dataclass
+class Sample:
+    """One sampled completion and the exact prompt it was sampled from."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    temperature: float
+
+
+@dataclass
+class TokenizedTrajectory:
+    sequences: list[TrainSequence] = field(default_factory=list)
+    skipped: bool = False
+    truncated_tokens: int = 0
+    reason: str = ""
+
+
+def tokenize_trajectory(
+    trajectory: Trajectory,
+    tokenizer: ChatTokenizer,
+    *,
+    max_seq_len: int,
+    vocab_size: int | None = None,
+    group_index: int = 0,
+    trajectory_index: int = 0,
+    advantage: float = 0.0,
+) -> TokenizedTrajectory:
+    """Turn one trajectory into training sequences (see the module docstring); skipped if nothing was sampled."""
+    name = f"trajectory {trajectory_index} of group {group_index}"
+    samples = samples_of(trajectory, tokenizer)
+    if not samples:
+        reason = f"{name} has no sampled token ids (not captured through our client?); skipped"
+        log.warning(reason)
+        return TokenizedTrajectory(skipped=True, reason=reason)
+    _check_vocab(samples, vocab_size if vocab_size is not None else len(tokenizer), name)
+
+    out = sequences_from_samples(
+        samples, max_seq_len=max_seq_len, group_index=group_index, trajectory_index=trajectory_index
+    )
+    for sequence in out.sequences:
+        sequence.advantage = advantage
+    if not out.sequences:
+        out.skipped = True
+        out.reason = f"{name}: every sampled token lies beyond max_seq_len={max_seq_len}; skipped"
+        log.warning(out.reason)
+    return out
+
+
+def sequences_from_samples(
+    samples: list[Sample], *, max_seq_len: int, group_index: int = 0, trajectory_index: int = 0
+) -> TokenizedTrajectory:
+    """Chain samples into sequences (a prompt that extends a sequence continues it), then truncate."""
+    sequences: list[TrainSequence] = []
+    for sample in samples:
+        sequence = _extended_sequence(sequences, sample)
+        if sequence is None:
+            sequence = TrainSequence(
+                input_ids=[],
+                trained_mask=[],
+                sampled_logprobs=[],
+                temperature=sample.temperature,
+                group_index=group_index,
+                trajectory_index=trajectory_index,
+            )
+            sequences.append(sequence)
+        context = sample.prompt_ids[len(sequence.input_ids) :]
+        sequence.input_ids += context + sample.completion_ids
+        sequence.trained_mask += [0] * len(context) + [1] * len(sample.completion_ids)
+        sequence.sampled_logprobs += [NAN] * len(context) + sample.logprobs
+
+    out = TokenizedTrajectory()
+    for sequence in sequences:
+        if len(sequence.input_ids) > max_seq_len:
+            out.truncated_tokens += sum(sequence.trained_mask[max_seq_len:])
+            del sequence.input_ids[max_seq_len:], sequence.trained_mask[max_seq_len:]
+            del sequence.sampled_logprobs[max_seq_len:]
+        # Position 0 has no prefix to predict it from, so it is never trained.
+        if sequence.trained_mask and sequence.trained_mask[0]:
+            sequence.trained_mask[0] = 0
+        if sequence.num_trained > 0:
+            out.sequences.append(sequence)
+    return out
+
+
+def _extended_sequence(sequences: list[TrainSequence], sample: Sample) -> TrainSequence | None:
+    """The newest sequence whose tokens the sample's prompt extends token for token (same temperature)."""
+    for sequence in reversed(sequences):
+        n = len(sequence.input_ids)
+        if (
+            n <= len(sample.prompt_ids)
+            and sequence.temperature == sample.temperature
+            and sample.prompt_ids[:n] == sequence.input_ids
+        ):
+            return sequence
+    return None
+
+
+def _check_vocab(samples: list[Sample], vocab_size: int, name: str) -> None:
+    for sample in samples:
+        for token in (*sample.prompt_ids, *sample.completion_ids):
+            if not 0 <= token < vocab_size:
+                raise TokenizationError(
+                    f"{name}: token id {token} is outside the tokenizer's vocabulary (size {vocab_size}) "
+                    "- token ids from a different tokenizer?"
+                )
+
+
+# --- where the samples come from ------------------------------------------------------------------------
+
+
+def samples_of(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
+    """Every sampled completion of the trajectory, in order: captured calls first, then hand-built Choices.
+
+    A Choice whose sampled ids equal a captured call's is the same sample (the conversation view of the call)
+    and is not counted twice.
+    """
+    histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
+    samples: list[Sample] = []
+    calls_seen: set[tuple[Any, ...]] = set()
+    for history in histories:
+        for call in history.llm_calls:  # a history may list calls the trajectory lists too (`finish()`)
+            key = (call.started_at, tuple(call.prompt_token_ids or ()), tuple(call.completion_token_ids or ()))
+            if key not in calls_seen:
+                calls_seen.add(key)
+                samples += _samples_of_call(call)
+    seen = Counter(tuple(s.completion_ids) for s in samples)
+    for history in histories:
+        samples += _samples_of_choices(history.messages_and_choices, history.tools, tokenizer, seen)
+    return samples
+
+
+def _samples_of_call(call: LLMCall) -> list[Sample]:
+    if call.error or not call.prompt_token_ids:
+        return []
+    temperature = _temperature(call.request)
+    keep_logprobs = call.logprobs_mode in (None, "processed_logprobs") or temperature == 1.0
+    if temperature < 1e-5:  # greedy: no sampling distribution to take a ratio against
+        temperature, keep_logprobs = 1.0, False
+    elif not keep_logprobs:
+        log.warning(
+            "call logprobs are %s at temperature %s (not the sampling distribution); ratio taken as 1",
+            call.logprobs_mode,
+            temperature,
+        )
+    choices = [(call.completion_token_ids, call.logprobs)]
+    choices += [(c.token_ids, c.logprobs) for c in call.other_choices]
+    samples = []
+    for token_ids, logprobs in choices:
+        if not token_ids:
+            continue
+        samples.append(
+            Sample(
+                prompt_ids=list(call.prompt_token_ids),
+                completion_ids=list(token_ids),
+                logprobs=_aligned(logprobs if keep_logprobs else None, len(token_ids)),
+                temperature=temperature,
+            )
+        )
+    return samples
+
+
+def _samples_of_choices(
+    items: list[Any], tools: Tools | None, tokenizer: ChatTokenizer, seen: Counter[tuple[int, ...]]
+) -> list[Sample]:
+    """Samples of the Choices carrying `token_ids`, except those already `seen` (counted down)."""
+    samples = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and "message" in item and "token_ids" in item:
+            item = Choice.model_validate(item)  # a Choice that came back from JSON as a plain dict
+        if not isinstance(item, Choice):
+            continue
+        token_ids = _extra(item, "token_ids")
+        if not token_ids:
+            continue
+        if seen[tuple(token_ids)] > 0:
+            seen[tuple(token_ids)] -= 1
+            continue
+        prompt_ids = _extra(item, "prompt_token_ids")
+        if not prompt_ids:
+            prompt_ids = chat_template_ids(tokenizer, messages_of(items[:i]), tools)
+        logprobs = None
+        if item.logprobs is not None and item.logprobs.content is not None:
+            logprobs = [entry.logprob for entry in item.logprobs.content]
+        temperature = _extra(item, "temperature")
+        samples.append(
+            Sample(
+                prompt_ids=[int(t) for t in prompt_ids],
+                completion_ids=[int(t) for t in token_ids],
+                logprobs=_aligned(logprobs, len(token_ids)),
+                temperature=float(temperature) if temperature is not None else 1.0,
+            )
+        )
+    return samples
+
+
+def chat_template_ids(
+    tokenizer: ChatTokenizer, messages: list[Message], tools: Tools | None, *, add_generation_prompt: bool = True
+) -> list[int]:
+    """Prompt ids of `messages` (+ tools), with the generation prompt by default, as vLLM renders them."""
+    out = tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+    )
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(t) for t in out]
+
+
+def _extra(choice: Choice, key: str) -> Any:
+    value = getattr(choice, key, None)
+    if value is None and choice.model_extra:
+        value = choice.model_extra.get(key)
+    return value
+
+
+def _temperature(request: dict[str, Any]) -> float:
+    value = request.get("temperature")
+    return 1.0 if value is None else float(value)
+
+
+def _aligned(logprobs: list[float] | None, n: int) -> list[float]:
+    """The sampled logprobs, or NaN (ratio taken as 1) when missing, misaligned or not finite."""
+    if logprobs is None or len(logprobs) != n:
+        return [NAN] * n
+    return [float(x) if x is not None and math.isfinite(x) else NAN for x in logprobs]
+
+
+def sft_samples(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
+    """Supervised data: each assistant turn re-rendered by the chat template (fine here: nothing was sampled)."""
+    samples: list[Sample] = []
+    histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
+    for history in histories:
+        messages = history.messages()
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            prefix = chat_template_ids(tokenizer, messages[:i], history.tools)
+            full = chat_template_ids(tokenizer, messages[: i + 1], history.tools, add_generation_prompt=False)
+            if full[: len(prefix)] != prefix or len(full) == len(prefix):
+                log.warning("assistant turn %d does not extend its prompt under the chat template; skipped", i)
+                continue
+            samples.append(Sample(prefix, full[len(prefix) :], [NAN] * (len(full) - len(prefix)), 1.0))
+    return samples

@@ -1,0 +1,356 @@
+"""The GRPO/SFT trainer on a LoRA adapter: Unsloth on CUDA, PEFT + transformers otherwise (or on request).
+
+One `train_step` = tokenize the groups, pack micro-batches by a token budget, accumulate the whole step's
+gradient, clip it, take one AdamW step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ..config import LoRAConfig, SFTConfig, TrainConfig
+from ..trajectory import Trajectory, TrajectoryGroup
+from . import adapter_io
+from .loss import StepTotals, group_advantages, policy_loss
+from .tokenize import TrainSequence, sequences_from_samples, sft_samples, tokenize_trajectory
+
+log = logging.getLogger(__name__)
+
+Engine = Literal["auto", "unsloth", "peft"]
+Metrics = dict[str, Any]
+
+
+def default_engine() -> Literal["unsloth", "peft"]:
+    """Unsloth where its kernels pay off (CUDA); PEFT on CPU, where Unsloth's fallback is plain PyTorch:
+    measured on the tiny model it steps no faster (0.131 vs 0.124 s), starts slower (12.2 vs 9.6 s) and
+    patches transformers process-wide."""
+    return "unsloth" if torch.cuda.is_available() else "peft"
+
+
+class Trainer:
+    """Holds the base model + LoRA adapter, its optimizer, and the step counter."""
+
+    def __init__(
+        self,
+        base_model: str | Path,
+        lora: LoRAConfig | None = None,
+        *,
+        engine: Engine = "auto",
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        max_seq_len: int = 2048,
+        seed: int = 0,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        self.base_model = str(base_model)
+        self.lora = lora or LoRAConfig()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+            dtype = torch.bfloat16 if cuda_bf16 else torch.float32
+        self.dtype = dtype
+        self.seed = seed
+        self.step = 0
+        self.load_seconds = 0.0
+        started = time.perf_counter()
+        torch.manual_seed(seed)
+        wanted = default_engine() if engine == "auto" else engine
+        self.engine: str = wanted
+        if wanted == "unsloth":
+            try:
+                self.model, self.tokenizer = self._load_unsloth(max_seq_len, gradient_checkpointing)
+            except Exception as error:  # ImportError, or Unsloth refusing this model/device
+                log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
+                self.engine = "peft"
+        if self.engine == "peft":
+            torch.manual_seed(seed)
+            self.model, self.tokenizer = self._load_peft(gradient_checkpointing)
+        self.load_seconds = time.perf_counter() - started
+        self.vocab_size = max(len(self.tokenizer), int(self.model.get_base_model().config.vocab_size))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, fused=self.device.type == "cuda")
+
+    # --- loading -----------------------------------------------------------------------------------------
+
+    def _load_unsloth(self, max_seq_len: int, gradient_checkpointing: bool) -> tuple[Any, Any]:
+        from unsloth import FastLanguageModel
+
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            model_name=self.base_model, max_seq_length=max_seq_len, dtype=self.dtype, load_in_4bit=False
+        )
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=self.lora.rank,
+            lora_alpha=self.lora.alpha,
+            lora_dropout=self.lora.dropout,
+            target_modules=list(self.lora.target_modules),
+            modules_to_save=list(self.lora.modules_to_save) or None,
+            bias="none",
+            use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
+            random_state=self.seed,
+        )
+        return model, getattr(tokenizer, "tokenizer", tokenizer)
+
+    def _load_peft(self, gradient_checkpointing: bool) -> tuple[Any, Any]:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.base_model)
+        model = AutoModelForCausalLM.from_pretrained(self.base_model, dtype=self.dtype).to(self.device)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        config = LoraConfig(
+            r=self.lora.rank,
+            lora_alpha=self.lora.alpha,
+            lora_dropout=self.lora.dropout,
+            target_modules=list(self.lora.target_modules),
+            modules_to_save=list(self.lora.modules_to_save) or None,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, config), tokenizer
+
+    # --- forward -----------------------------------------------------------------------------------------
+
+    def _token_logprobs(
+        self, rows: list[list[int]], targets: list[list[int]], temperatures: list[float]
+    ) -> torch.Tensor:
+        """Logprobs (logits / T, then log_softmax) of the tokens at positions `targets[b]` of each row."""
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        for b, row in enumerate(rows):
+            input_ids[b, : len(row)] = torch.tensor(row)
+        b_idx = torch.tensor([b for b, ts in enumerate(targets) for _ in ts], dtype=torch.long)
+        t_idx = torch.tensor([t for ts in targets for t in ts], dtype=torch.long)
+        input_ids = input_ids.to(self.device)
+        lm = self.model.get_base_model()
+        # Right padding under a causal mask: real tokens never see the pads, so no attention mask is needed.
+        hidden = lm.model(input_ids=input_ids).last_hidden_state
+        hidden = hidden[b_idx.to(self.device), (t_idx - 1).to(self.device)]
+        logits = lm.lm_head(hidden).float()
+        temps = torch.tensor(temperatures, dtype=torch.float32, device=self.device)[b_idx.to(self.device)]
+        logits = logits / temps[:, None]
+        chosen = input_ids[b_idx.to(self.device), t_idx.to(self.device)]
+        return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    @torch.no_grad()
+    def logprobs_of(self, token_ids: list[int], temperature: float = 1.0, *, start: int = 1) -> list[float]:
+        """Logprob of each `token_ids[i]`, i >= start, given `token_ids[:i]`, under the current adapter."""
+        self.model.eval()
+        positions = list(range(max(start, 1), len(token_ids)))
+        if not positions:
+            return []
+        return self._token_logprobs([list(token_ids)], [positions], [temperature]).tolist()
+
+    # --- one GRPO step -----------------------------------------------------------------------------------
+
+    def train_step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> Metrics:
+        """Take one optimizer step on the groups; every group whose rewards are all equal is skipped."""
+        started = time.perf_counter()
+        metrics = self.compute_gradients(groups, config)
+        if "skipped_reason" not in metrics:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+            for group in self.optimizer.param_groups:
+                group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+            self.optimizer.step()
+            metrics["grad_norm"] = float(grad_norm)
+            metrics["learning_rate"] = config.learning_rate
+        else:
+            log.warning("step %d: %s", self.step + 1, metrics["skipped_reason"])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return self._finish(metrics, started)
+
+    def compute_gradients(self, groups: list[TrajectoryGroup], config: TrainConfig) -> Metrics:
+        """The step's full gradient, accumulated over its micro-batches into `.grad` (no optimizer step)."""
+        sequences, metrics = self.prepare(groups, config)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not sequences:
+            reason = "every group's rewards are equal" if metrics["skipped_groups"] else "no sampled tokens"
+            metrics["skipped_reason"] = f"no trainable sequences: {reason}"
+            return metrics
+        totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), sequences=len(sequences))
+        self._seed_step()
+        self.model.train()
+        sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl": 0.0}
+        batches = pack_micro_batches([len(s) for s in sequences], config.micro_batch_tokens)
+        for batch in batches:
+            loss, part = self._micro_batch_loss([sequences[i] for i in batch], config, totals)
+            loss.backward()
+            for key, value in part.items():
+                sums[key] += value
+        tokens = max(sums["tokens"], 1.0)
+        metrics.update(
+            loss=sums["loss"],
+            clip_fraction=sums["clipped"] / tokens,
+            mean_ratio=sums["ratio"] / tokens,
+            sequences=len(sequences),
+            micro_batches=len(batches),
+        )
+        if config.beta > 0:
+            metrics["kl"] = sums["kl"] / tokens
+        return metrics
+
+    def prepare(self, groups: list[TrajectoryGroup], config: TrainConfig) -> tuple[list[TrainSequence], Metrics]:
+        """Tokenize every group and attach each trajectory's group advantage (groups never mix)."""
+        rewards = [t.reward for g in groups for t in g.trajectories]
+        metrics: Metrics = {
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "reward_std": _std(rewards),
+            "groups": len(groups),
+            "trajectories": len(rewards),
+            "skipped_groups": 0,
+            "skipped_trajectories": 0,
+            "trained_tokens": 0,
+            "truncated_tokens": 0,
+        }
+        sequences: list[TrainSequence] = []
+        for g, group in enumerate(groups):
+            group_advantages([t.reward for t in group.trajectories], group_index=g)  # NaN/inf -> error
+            tokenized = []
+            for i, trajectory in enumerate(group.trajectories):
+                out = tokenize_trajectory(
+                    trajectory,
+                    self.tokenizer,
+                    max_seq_len=config.max_seq_len,
+                    vocab_size=self.vocab_size,
+                    group_index=g,
+                    trajectory_index=i,
+                )
+                metrics["truncated_tokens"] += out.truncated_tokens
+                if out.skipped:
+                    metrics["skipped_trajectories"] += 1
+                else:
+                    tokenized.append((trajectory.reward, out.sequences))
+            advantages = group_advantages(
+                [reward for reward, _ in tokenized], scale_rewards=config.scale_rewards, group_index=g
+            )
+            if advantages is None:
+                metrics["skipped_groups"] += 1
+                continue
+            for advantage, (_, seqs) in zip(advantages, tokenized, strict=True):
+                for sequence in seqs:
+                    sequence.advantage = advantage
+                    sequences.append(sequence)
+        metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
+        return sequences, metrics
+
+    def _micro_batch_loss(
+        self, batch: list[TrainSequence], config: TrainConfig, totals: StepTotals
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        rows = [s.input_ids for s in batch]
+        targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
+        temps = [s.temperature for s in batch]
+        new = self._token_logprobs(rows, targets, temps)
+        ref = None
+        if config.beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref = self._token_logprobs(rows, targets, temps)
+        flat = [(b, t) for b, ts in enumerate(targets) for t in ts]
+        sampled = torch.tensor([batch[b].sampled_logprobs[t] for b, t in flat], dtype=torch.float32)
+        advantages = torch.tensor([batch[b].advantage for b, _ in flat], dtype=torch.float32)
+        seq_index = torch.tensor([b for b, _ in flat], dtype=torch.long)
+        return policy_loss(
+            new,
+            sampled.to(self.device),
+            advantages.to(self.device),
+            seq_index.to(self.device),
+            config,
+            totals,
+            ref_logprobs=ref,
+        )
+
+    # --- supervised step ---------------------------------------------------------------------------------
+
+    def sft_step(self, trajectories: list[Trajectory], config: SFTConfig) -> Metrics:
+        """One optimizer step of cross-entropy on the assistant turns (token-averaged over the batch)."""
+        started = time.perf_counter()
+        sequences: list[TrainSequence] = []
+        for trajectory in trajectories:
+            out = sequences_from_samples(sft_samples(trajectory, self.tokenizer), max_seq_len=config.max_seq_len)
+            sequences += out.sequences
+        metrics: Metrics = {"trajectories": len(trajectories), "sequences": len(sequences)}
+        total = sum(s.num_trained for s in sequences)
+        metrics["trained_tokens"] = total
+        if not total:
+            metrics["skipped_reason"] = "no assistant tokens"
+            return self._finish(metrics, started)
+        self._seed_step()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for batch in pack_micro_batches([len(s) for s in sequences], 4096):
+            seqs = [sequences[i] for i in batch]
+            targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in seqs]
+            logp = self._token_logprobs([s.input_ids for s in seqs], targets, [1.0] * len(seqs))
+            loss = -logp.sum() / total
+            loss.backward()
+            loss_sum += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = config.learning_rate, 0.0
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(loss=loss_sum, grad_norm=float(grad_norm), learning_rate=config.learning_rate)
+        return self._finish(metrics, started)
+
+    def sft_batches(self, trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
+        """The SFT run as batches: `epochs` seeded shuffles, `batch_size` trajectories each."""
+        rng = random.Random(config.seed)
+        for _ in range(config.epochs):
+            order = list(range(len(trajectories)))
+            rng.shuffle(order)
+            for i in range(0, len(order), config.batch_size):
+                yield [trajectories[j] for j in order[i : i + config.batch_size]]
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the adapter (PEFT format vLLM loads), the optimizer state and the trainer state (step, rng)."""
+        return adapter_io.save_trainer(self, Path(directory))
+
+    def load(self, directory: str | Path) -> None:
+        """Resume from `save`: adapter weights, optimizer state, step and rng."""
+        adapter_io.load_trainer(self, Path(directory))
+
+    def _seed_step(self) -> None:
+        torch.manual_seed(self.seed * 1_000_003 + self.step)
+
+    def _finish(self, metrics: Metrics, started: float) -> Metrics:
+        metrics["step"] = self.step
+        metrics["step_seconds"] = time.perf_counter() - started
+        return metrics
+
+
+def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped so each batch's padded size (rows x longest row) fits `budget`; longest first."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if current and max(width, lengths[i]) * (len(current) + 1) > budget:
+            batches.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, lengths[i])
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
