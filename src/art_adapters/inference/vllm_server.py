@@ -256,6 +256,9 @@ class VLLMServer:
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 "VLLM_SERVER_DEV_MODE": "1",
                 "PYTHONUNBUFFERED": "1",
+                # vLLM closes idle connections after 5 s; the recording client keeps them 30 s, so a request
+                # after a long training step could land on a closed socket. Outlive the client's keep-alive.
+                "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75",
             }
         )
         if not self.on_cuda:

@@ -1,0 +1,452 @@
+"""LocalBackend: vLLM serves each model's latest LoRA adapter in a child process; the trainer steps in this one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import SFTConfig, TrainConfig
+from ..model import Model, TrainableModel, check_name
+from ..trajectory import Trajectory, TrajectoryGroup
+from .base import InferenceEndpoint
+
+if TYPE_CHECKING:
+    from ..inference import InferenceConfig, VLLMServer
+    from ..training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Registered:
+    """What the backend holds for one registered TrainableModel."""
+
+    model: TrainableModel
+    directory: Path
+    server: VLLMServer
+    trainer: Trainer | None
+    step: int
+    served: set[int] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class LocalBackend:
+    """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`)."""
+
+    def __init__(self, path: str | Path = ".art", *, inference: InferenceConfig | None = None) -> None:
+        self.path = Path(path).resolve()
+        self.inference = inference
+        self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
+        self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
+        self._models: dict[Path, _Registered] = {}  # by model folder
+        self._lock = asyncio.Lock()
+
+    def use_server(self, server: VLLMServer) -> LocalBackend:
+        """Serve models of `server.base_model` from this already-running server (close() leaves it running)."""
+        self._servers[Path(server.base_model).resolve()] = server
+        return self
+
+    def model_dir(self, model: Model) -> Path:
+        """`{path}/{project}/models/{name}` (names are checked, so it never lies outside `path`)."""
+        return self.path / check_name("project", model.project) / "models" / check_name("model", model.name)
+
+    # ------------------------------------------------------------------ protocol
+    async def register(self, model: Model) -> InferenceEndpoint:
+        if not isinstance(model, TrainableModel):
+            if not model.inference_base_url:
+                raise ValueError(f"model {model.name!r} is not trainable and has no inference_base_url")
+            return InferenceEndpoint(
+                base_url=model.inference_base_url,
+                api_key=model.inference_api_key or "none",
+                model_name=model.inference_model_name or model.name,
+                supports_token_ids=False,
+            )
+        from ..inference import VLLMServer
+        from ..inference.config import validate_model_dir
+        from ..training import checkpoints
+
+        base = validate_model_dir(model.base_model)  # clear errors before any server starts
+        rank = required_lora_rank(base, model)
+        if model.lora.modules_to_save:
+            from ..training.adapter_io import vllm_unservable_modules
+
+            unservable = await asyncio.to_thread(vllm_unservable_modules, base, model.lora.modules_to_save)
+            if unservable:
+                raise ValueError(
+                    f"model {model.name!r}: vLLM cannot serve LoRAConfig.modules_to_save={unservable} for "
+                    f"{base.name}'s architecture; train without them"
+                )
+        directory = self.model_dir(model)
+        async with self._lock:
+            server = self._servers.get(base)
+            if server is not None and server.config.max_lora_rank < rank:
+                raise ValueError(
+                    f"model {model.name!r} needs max_lora_rank >= {rank} (LoRA rank {model.lora.rank}"
+                    f"{', lm_head as a full-rank delta' if model.lora.modules_to_save else ''}), but the server of "
+                    f"{base.name} was started with max_lora_rank={server.config.max_lora_rank}"
+                )
+            if server is None:
+                server = VLLMServer(
+                    base, self._inference_config(model, rank), log_path=directory / "logs/vllm.log"
+                )
+                self._servers[base] = server
+                self._owned.append(server)
+            directory.mkdir(parents=True, exist_ok=True)
+            checkpoints.clean_temp_dirs(directory)
+            (directory / "model.json").write_text(
+                model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}) + "\n"
+            )
+            state = self._models.get(directory)
+            if state is not None and state.server is server:  # registered again: same trainer, same step
+                state.model = model
+            else:
+                # vLLM start-up (seconds to minutes) and the trainer's load overlap.
+                try:
+                    _, trainer = await asyncio.gather(
+                        server.start(), asyncio.to_thread(self._load_trainer, model, directory)
+                    )
+                except BaseException:
+                    if server in self._owned and not server.running:
+                        self._owned.remove(server)
+                        self._servers.pop(base, None)
+                    raise
+                state = _Registered(
+                    model=model, directory=directory, server=server, trainer=trainer, step=trainer.step
+                )
+                self._models[directory] = state
+        await self._serve(state, state.step)
+        return InferenceEndpoint(base_url=server.base_url, api_key=server.api_key, model_name=model.name)
+
+    async def get_step(self, model: TrainableModel) -> int:
+        state = self._models.get(self.model_dir(model))
+        if state is not None:
+            return state.step
+        from ..training import checkpoints
+
+        return checkpoints.latest_step(self.model_dir(model))
+
+    async def train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One GRPO step: train, save `checkpoints/{step+1:04d}` atomically, hot-load it, record metrics."""
+        from ..training import checkpoints
+
+        state = self._registered(model)
+        async with state.lock:
+            step = state.step
+            started = time.perf_counter()
+            yield {"event": "started", "step": step, "groups": len(groups)}
+            metrics = await self._run_trainer(state, lambda trainer: trainer.train_step(groups, config))
+            yield {"event": "trained", "step": step, "loss": metrics.get("loss")}
+            await self._save_and_serve(state)
+            metrics.update(rollout_metrics(groups))
+            metrics["step_seconds"] = time.perf_counter() - started
+            checkpoints.write_trajectories(state.directory, "train", step, all_trajectories(groups))
+            # ART's convention: rows and trajectory files carry the step the rollouts were sampled from.
+            checkpoints.append_history(state.directory, {**metrics, "step": step, "split": "train"})
+            if "skipped_reason" in metrics:
+                log.warning(
+                    "model %s step %d trained nothing: %s", model.name, step, metrics["skipped_reason"]
+                )
+            yield {"event": "done", "step": state.step, "metrics": metrics}
+
+    async def train_sft(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Supervised steps on the trajectories' assistant turns, saved and served as one new step."""
+        from ..training import checkpoints
+
+        state = self._registered(model)
+        async with state.lock:
+            step = state.step
+            started = time.perf_counter()
+            trainer = state.trainer or await asyncio.to_thread(self._load_trainer, model, state.directory)
+            batches = list(trainer.sft_batches(list(trajectories), config))
+            yield {
+                "event": "started",
+                "step": step,
+                "trajectories": len(trajectories),
+                "batches": len(batches),
+            }
+            losses: list[float] = []
+            tokens = 0
+            for i, batch in enumerate(batches):
+                part = await self._run_trainer(state, lambda t, b=batch: t.sft_step(b, config))  # type: ignore[misc]
+                losses.append(float(part.get("loss", 0.0)))
+                tokens += int(part.get("trained_tokens", 0))
+                yield {"event": "batch", "step": step, "batch": i + 1, "of": len(batches), "loss": losses[-1]}
+            assert state.trainer is not None
+            state.trainer.step += 1  # sft_step leaves the step counter alone; the SFT run is one checkpoint
+            await self._save_and_serve(state)
+            metrics = {
+                "loss": sum(losses) / max(len(losses), 1),
+                "final_loss": losses[-1] if losses else 0.0,
+                "batches": len(batches),
+                "trained_tokens": tokens,
+                "trajectories": len(trajectories),
+                "step_seconds": time.perf_counter() - started,
+            }
+            checkpoints.append_history(state.directory, {"step": step, "split": "sft", **metrics})
+            yield {"event": "done", "step": state.step, "metrics": metrics}
+
+    async def log(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str = "val"
+    ) -> dict[str, float]:
+        """Record evaluation groups at the current step: trajectories/{split}/{step}.jsonl and `{split}/...` metrics."""
+        from ..training import checkpoints
+
+        check_name("split", split)
+        step = await self.get_step(model)
+        directory = self.model_dir(model)
+        path = checkpoints.trajectories_path(directory, split, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:  # several log() calls at one step add up
+            for trajectory in all_trajectories(groups):
+                f.write(trajectory.model_dump_json() + "\n")
+        rollout = rollout_metrics(groups)
+        metrics = {f"{split}/{key}": value for key, value in rollout.items()}
+        metrics[f"{split}/reward"] = rollout[
+            "reward_mean"
+        ]  # ART's name (best_checkpoint_metric="val/reward")
+        checkpoints.append_history(directory, {"step": step, "split": split, **metrics})
+        return metrics
+
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str | None = None
+    ) -> list[int]:
+        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (default `val/reward`)."""
+        from ..training import checkpoints
+
+        directory = self.model_dir(model)
+        steps = checkpoints.list_steps(directory)
+        if not steps:
+            return []
+        keep = {steps[-1]}
+        best = best_step(
+            checkpoints.read_history(directory), best_checkpoint_metric or "val/reward", set(steps)
+        )
+        if best is not None:
+            keep.add(best)
+        deleted = checkpoints.delete_checkpoints(directory, keep)
+        state = self._models.get(directory)
+        for step in deleted:
+            if state is not None and step in state.served:
+                state.served.discard(step)
+                await state.server.unload_lora(model.get_inference_name(step))
+        return deleted
+
+    async def close(self) -> None:
+        """Stop the servers this backend started (not those given to `use_server`) and drop the trainers."""
+        owned, self._owned = self._owned, []
+        for server in owned:
+            await server.stop()
+        self._servers = {k: s for k, s in self._servers.items() if s not in owned}
+        self._models.clear()
+
+    async def __aenter__(self) -> LocalBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ for tests and checks
+    async def trainer(self, model: TrainableModel) -> Trainer:
+        """The model's trainer (loaded from its latest checkpoint when needed)."""
+        state = self._registered(model)
+        if state.trainer is None:
+            state.trainer = await asyncio.to_thread(self._load_trainer, model, state.directory)
+        return state.trainer
+
+    async def served_logprob_diff(
+        self, model: TrainableModel, token_ids: list[int], step: int | None = None
+    ) -> float:
+        """Max |vLLM logprob - trainer logprob| over `token_ids[1:]` for the adapter served as `name` (or `name@step`).
+
+        Catches a hot-swap that silently left vLLM on another adapter (or the base model).
+        """
+        state = self._registered(model)
+        trainer = await self.trainer(model)
+        served = await served_prompt_logprobs(state.server, model.get_inference_name(step), token_ids)
+        ours = await asyncio.to_thread(trainer.logprobs_of, token_ids)
+        return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
+
+    # ------------------------------------------------------------------ internals
+    def _registered(self, model: TrainableModel) -> _Registered:
+        state = self._models.get(self.model_dir(model))
+        if state is None:
+            raise RuntimeError(
+                f"model {model.name!r} (project {model.project!r}) is not registered with this LocalBackend: "
+                "call `await model.register(backend)` first"
+            )
+        return state
+
+    def _inference_config(self, model: TrainableModel, rank: int) -> InferenceConfig:
+        from ..inference import InferenceConfig
+
+        config = self.inference or InferenceConfig()
+        if model.inference:
+            config = config.model_copy(update=model.inference)
+        explicit = "max_lora_rank" in config.model_fields_set or "max_lora_rank" in model.inference
+        if config.max_lora_rank < rank:
+            if explicit:
+                raise ValueError(
+                    f"model {model.name!r} needs max_lora_rank >= {rank} (LoRA rank {model.lora.rank}), "
+                    f"but InferenceConfig.max_lora_rank={config.max_lora_rank}"
+                )
+            config = config.model_copy(update={"max_lora_rank": rank})
+        return config
+
+    def _load_trainer(self, model: TrainableModel, directory: Path) -> Trainer:
+        """A trainer resumed from the latest checkpoint (optimizer included), or a fresh one saved as step 0.
+
+        A fresh PEFT adapter has lora_B = 0 (and lm_head's delta is 0), so step 0 serves exactly the base policy.
+        """
+        from ..training import checkpoints
+        from ..training.trainer import Trainer
+
+        trainer = Trainer(model.base_model, model.lora)
+        steps = checkpoints.list_steps(directory)
+        if steps:
+            trainer.load(checkpoints.checkpoint_dir(directory, steps[-1]))
+            if trainer.step != steps[-1]:
+                log.warning(
+                    "checkpoint %04d holds trainer step %d; using %d", steps[-1], trainer.step, steps[-1]
+                )
+                trainer.step = steps[-1]
+        else:
+            checkpoints.save_checkpoint(directory, 0, trainer.save)
+        return trainer
+
+    async def _run_trainer(self, state: _Registered, work: Any) -> dict[str, Any]:
+        """Run `work(trainer)` in a thread with vLLM asleep (CUDA); a failure after the update drops the trainer."""
+        trainer = state.trainer or await asyncio.to_thread(self._load_trainer, state.model, state.directory)
+        state.trainer = trainer
+        before = trainer.step
+        await state.server.sleep()
+        try:
+            return await asyncio.to_thread(work, trainer)
+        except BaseException:
+            if (
+                trainer.step != before
+            ):  # the weights moved but no checkpoint holds them: reload from disk next time
+                state.trainer = None
+            raise
+        finally:
+            await state.server.wake_up()
+
+    async def _save_and_serve(self, state: _Registered) -> None:
+        from ..training import checkpoints
+
+        trainer = state.trainer
+        assert trainer is not None
+        if trainer.step != state.step + 1:
+            state.trainer = None
+            raise RuntimeError(
+                f"trainer is at step {trainer.step}, expected {state.step + 1}; reload from disk"
+            )
+        await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
+        state.step = trainer.step
+        await self._serve(state, state.step)
+
+    async def _serve(self, state: _Registered, step: int) -> None:
+        """Load `checkpoints/{step}` as `name@step` and (re)load it as `name`: each load has a new vLLM LoRA id."""
+        from ..inference import InferenceServerError
+        from ..training import checkpoints
+
+        path = checkpoints.checkpoint_dir(state.directory, step)
+        try:
+            await state.server.load_lora(state.model.get_inference_name(step), path)
+        except InferenceServerError as error:
+            if state.model.lora.modules_to_save:
+                error.add_note(
+                    f"LoRAConfig.modules_to_save={state.model.lora.modules_to_save}: vLLM 0.32 serves no lm_head "
+                    "adapter for many architectures (Qwen2 among them); train without modules_to_save"
+                )
+            raise
+        await state.server.load_lora(state.model.name, path)  # re-use: unload, load, reset the prefix cache
+        state.served.add(step)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def required_lora_rank(base_model: Path, model: TrainableModel) -> int:
+    """The `--max-lora-rank` serving this model's adapter needs (a trained lm_head ships as a rank-hidden delta)."""
+    from ..training.adapter_io import vllm_max_lora_rank
+
+    rank = model.lora.rank
+    if model.lora.modules_to_save:
+        config = json.loads((base_model / "config.json").read_text())
+        rank = max(
+            rank, int(config.get("hidden_size") or config.get("text_config", {}).get("hidden_size", rank))
+        )
+    return vllm_max_lora_rank(rank)
+
+
+async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids: list[int]) -> list[float]:
+    """vLLM's logprob of each `token_ids[i]` (i >= 1) given `token_ids[:i]`, under the served `model_name`."""
+    import httpx
+
+    body = {
+        "model": model_name,
+        "prompt": list(token_ids),
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "prompt_logprobs": 0,
+    }
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        response = await client.post(f"{server.base_url}/completions", json=body, headers=server.headers)
+    response.raise_for_status()
+    data = response.json()
+    entries = data["choices"][0].get("prompt_logprobs") or data.get("prompt_logprobs")
+    out = []
+    for entry, token in zip(entries[1:], token_ids[1:], strict=True):
+        out.append(float(entry[str(token)]["logprob"]))
+    return out
+
+
+def all_trajectories(groups: list[TrajectoryGroup]) -> list[Trajectory]:
+    return [t for group in groups for t in group.trajectories]
+
+
+def rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """Reward mean/std, trajectory count, exception rate and the mean of each numeric trajectory metric."""
+    trajectories = all_trajectories(groups)
+    rewards = [t.reward for t in trajectories]
+    exceptions = sum(len(g.exceptions) for g in groups)
+    total = len(rewards) + exceptions
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
+    out = {
+        "reward_mean": mean,
+        "reward_std": std,
+        "trajectories": float(len(rewards)),
+        "exceptions": float(exceptions),
+        "exception_rate": exceptions / total if total else 0.0,
+    }
+    keys = sorted({k for t in trajectories for k, v in t.metrics.items() if isinstance(v, int | float)})
+    for key in keys:
+        values = [float(t.metrics[key]) for t in trajectories if isinstance(t.metrics.get(key), int | float)]
+        out.setdefault(f"metric/{key}", sum(values) / len(values))
+    return out
+
+
+def best_step(history: list[dict[str, Any]], metric: str, steps: set[int]) -> int | None:
+    """The checkpoint step whose history rows score highest on `metric` (`val/reward`, `train/reward`, ...)."""
+    best: tuple[float, int] | None = None
+    for row in history:
+        value = row.get(metric)
+        split = row.get("split", "")
+        if value is None and metric.startswith(f"{split}/"):  # "train/reward" -> a train row's reward_mean
+            key = metric[len(split) + 1 :]
+            value = row.get("reward_mean" if key == "reward" else key)
+        step = row.get("step")
+        if isinstance(value, int | float) and step in steps and (best is None or value > best[0]):
+            best = (float(value), int(step))
+    return best[1] if best else None
