@@ -5,6 +5,7 @@ Re-tokenization happens only for context (a hand-built Choice without prompt ids
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import Counter
@@ -257,13 +258,37 @@ def chat_template_ids(
 ) -> list[int]:
     """Prompt ids of `messages` (+ tools), with the generation prompt by default, as vLLM renders them."""
     out = tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        as_vllm_renders(messages), tools=tools or None, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
     )
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
     if out and isinstance(out[0], list):
         out = out[0]
     return [int(t) for t in out]
+
+
+def as_vllm_renders(messages: list[Message]) -> list[Message]:
+    """Messages as vLLM hands them to the chat template: tool-call `arguments` parsed from JSON into a dict, and
+    anything that is not a JSON object (null, "", malformed, a list) rendered as `{}`."""
+    out: list[Message] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [_with_parsed_arguments(call) for call in calls]}
+        out.append(message)
+    return out
+
+
+def _with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = None
+    function["arguments"] = arguments if isinstance(arguments, dict) else {}
+    return {**call, "function": function}
 
 
 def _extra(choice: Choice, key: str) -> Any:
