@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Trainer and vLLM share 2 cores: spinning OpenMP workers would steal them from each other (measured: a small
+# matmul 30x slower under load with the default policy).
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: venv demo test test-fast bench lint clean
 

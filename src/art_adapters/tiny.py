@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-TINY_MODEL_VERSION = "v1"
+TINY_MODEL_VERSION = "v2"
+FINAL_NORM_GAIN = 6.0
 
 SPECIAL_TOKENS: list[str] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS: list[str] = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -207,7 +208,11 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
     std = float(config.initializer_range)
     with torch.no_grad():  # explicit init, independent of transformers' init order and global RNG
         for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
+            if name == "model.norm.weight":
+                # A random head over a unit-norm state caps logits near ±2.5, so LoRA (the head frozen) could
+                # not make any token likely. A larger final-norm gain gives the logits room (RL can learn).
+                p.fill_(FINAL_NORM_GAIN)
+            elif name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
                 p.zero_()
