@@ -1,0 +1,224 @@
+"""`art-adapters demo`: real RL on the offline tiny model: a tool-using agent learns which tool answers which request.
+
+Reads top to bottom like nanochat's chat_rl.py: warm start, then rollouts -> GRPO step -> hot-swapped adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .capture import capture
+from .config import LoRAConfig, SFTConfig, TrainConfig
+from .gather import gather_trajectory_groups
+from .model import TrainableModel
+from .trajectory import Trajectory, TrajectoryGroup
+
+# --- the task: a support agent with 4 tools; every request is about an order, which one tool can answer --------
+# Names with distinct first tokens, so the choice is one sampled token; a description, because vLLM renders a
+# missing one as `"description": null` and the warm start must see the prompt vLLM will build.
+TOOL_DESCRIPTIONS = {"orders": "order status", "weather": "forecast", "news": "headlines", "joke": "a joke"}
+TOOL_NAMES = list(TOOL_DESCRIPTIONS)
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {"name": name, "description": text, "parameters": {"type": "object", "properties": {}}},
+    }
+    for name, text in TOOL_DESCRIPTIONS.items()
+]
+SCENARIOS: list[tuple[str, str]] = [
+    ("Where is my order?", "orders"),
+    ("Has my parcel shipped?", "orders"),
+    ("When will my package arrive?", "orders"),
+    ("Is order 42 on its way?", "orders"),
+    ("Track my delivery.", "orders"),
+    ("Did you send my order?", "orders"),
+    ("What is my order status?", "orders"),
+    ("My package is late.", "orders"),
+]
+SYSTEM = "You are a support agent. Call one tool."
+TOOL_RESULTS = {"orders": "shipped", "weather": "sunny", "news": "calm", "joke": "a pun"}
+
+
+def scenario_messages(request: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]
+
+
+def warm_start_examples(count: int, seed: int = 0, labelled: float = 0.0) -> list[Trajectory]:
+    """Warm-start data: the tool-call format, with the right tool in only `labelled` of the examples (by default
+    none: every tool is drawn at random), so the agent starts near chance (1 in 4) and RL must learn the choice."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        request, target = SCENARIOS[i % len(SCENARIOS)]
+        name = target if rng.random() < labelled else rng.choice(TOOL_NAMES)
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        messages = [
+            *scenario_messages(request),
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULTS[name]},
+            {"role": "assistant", "content": f"It is {TOOL_RESULTS[name]}."},
+        ]
+        out.append(Trajectory(messages_and_choices=messages, tools=TOOLS, reward=1.0))
+    return out
+
+
+# --- one rollout: the agent calls a tool, reads its result and answers -------------------------------------------
+async def rollout(model: TrainableModel, request: str, target: str) -> Trajectory:
+    client = model.openai_client()
+    messages = scenario_messages(request)
+    async with capture() as trajectory:
+        first = await client.chat.completions.create(
+            model=model.name,
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=32,
+            temperature=1.0,  # type: ignore[arg-type]
+        )
+        message = first.choices[0].message
+        calls = message.tool_calls or []
+        called = getattr(calls[0], "function", None) if calls else None
+        name = called.name if called is not None else None
+        if calls:
+            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+            result = TOOL_RESULTS.get(name or "", "unknown tool")
+            messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": result})
+            await client.chat.completions.create(
+                model=model.name,
+                messages=messages,
+                tools=TOOLS,
+                max_tokens=8,
+                temperature=1.0,  # type: ignore[arg-type]
+            )
+    success = name == target and len(calls) == 1
+    # Shaped: a well-formed call of the wrong tool earns a little, so a broken call is the worst outcome.
+    trajectory.reward = 1.0 if success else 0.2 if calls else 0.0
+    trajectory.metrics["success"] = float(success)
+    trajectory.metrics["called_tool"] = float(bool(calls))
+    trajectory.metadata["target"] = target
+    return trajectory
+
+
+def scenario_groups(model: TrainableModel, size: int) -> list[TrajectoryGroup]:
+    return [TrajectoryGroup(rollout(model, r, t) for _ in range(size)) for r, t in SCENARIOS]
+
+
+async def evaluate(model: TrainableModel, samples_per_scenario: int) -> float:
+    """Success rate (the right tool, called once) over every scenario at temperature 1; logged as `val`."""
+    groups = await gather_trajectory_groups(scenario_groups(model, samples_per_scenario), pbar_desc="eval")
+    metrics = await model.log(groups, split="val")
+    return float(metrics["val/metric/success"])
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+async def run_demo(
+    path: str | Path = ".art",
+    *,
+    steps: int = 24,
+    group_size: int = 8,
+    learning_rate: float = 1.5e-3,
+    lora_rank: int = 16,
+    warm_examples: int = 64,
+    warm_epochs: int = 32,
+    warm_learning_rate: float = 5e-3,
+    eval_samples: int = 8,
+    out: str | Path | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    from .backend.local import LocalBackend
+    from .inference import InferenceConfig
+    from .tiny import tiny_model_path
+
+    started = time.perf_counter()
+    root = Path(path)
+    print("1/4 the offline tiny model (built once, cached) ...", flush=True)
+    model = TrainableModel(
+        name="tool-agent",
+        project="demo",
+        base_model=str(tiny_model_path()),
+        lora=LoRAConfig(rank=lora_rank, alpha=2 * lora_rank),
+    )
+    backend = LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=lora_rank))
+    shutil.rmtree(backend.model_dir(model), ignore_errors=True)  # every run trains from step 0
+    async with backend:
+        print(
+            "2/4 starting vLLM and the trainer; warm start on the tool-call format (LoRA, tools drawn at random) ...",
+            flush=True,
+        )
+        await model.register(backend)
+        sft = await model.train_sft(
+            warm_start_examples(warm_examples, seed),
+            config=SFTConfig(learning_rate=warm_learning_rate, epochs=warm_epochs, batch_size=16, seed=seed),
+        )
+        print(f"    warm start: {sft['batches']} SFT steps, final loss {sft['final_loss']:.3f}", flush=True)
+        success_start = await evaluate(model, eval_samples)
+        print(f"3/4 success at step 0: {success_start:.3f}; GRPO steps:", flush=True)
+        print(
+            f"{'step':>4} {'success':>7} {'reward':>7} {'loss':>8} {'grad':>7} {'clip':>6} {'tokens':>7} {'swap':>8} {'sec':>6}"
+        )
+        curve: list[tuple[int, float]] = []
+        config = TrainConfig(learning_rate=learning_rate, seed=seed)
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            groups = await gather_trajectory_groups(scenario_groups(model, group_size), pbar_desc="rollouts")
+            metrics = await model.train(groups, config=config)
+            step = await model.get_step()
+            probe = next(c for g in groups for t in g for c in t.llm_calls if c.completion_token_ids)
+            sequence = [*(probe.prompt_token_ids or []), *(probe.completion_token_ids or [])]
+            swap = await backend.served_logprob_diff(model, sequence)  # the new adapter is what vLLM serves
+            curve.append((step - 1, metrics["metric/success"]))
+            print(
+                f"{step:>4} {metrics['metric/success']:>7.3f} {metrics['reward_mean']:>7.3f} {metrics.get('loss', 0.0):>8.4f} "
+                f"{metrics.get('grad_norm', 0.0):>7.3f} {metrics.get('clip_fraction', 0.0):>6.3f} "
+                f"{int(metrics.get('trained_tokens', 0)):>7d} {swap:>8.1e} {time.perf_counter() - t0:>6.1f}",
+                flush=True,
+            )
+        success_end = await evaluate(model, eval_samples)
+        final_step = await model.get_step()
+    print(f"4/4 success at step {final_step}: {success_end:.3f}")
+    curve_path = Path(out) if out else backend.model_dir(model) / "reward.png"
+    plot_curve(curve, curve_path)
+    print(f"reward curve: {curve_path}")
+    seconds = time.perf_counter() - started
+    result = {
+        "success_start": success_start,
+        "success_end": success_end,
+        "steps": steps,  # GRPO steps (the warm start is one more checkpoint)
+        "seconds": seconds,
+    }
+    (backend.model_dir(model) / "demo.json").write_text(
+        json.dumps({**result, "curve": curve}, indent=2) + "\n"
+    )
+    return result
+
+
+def plot_curve(curve: list[tuple[int, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([s for s, _ in curve], [r for _, r in curve], marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("success rate (rollouts)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title("art-adapters demo: tool choice on the tiny model")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_demo_command(path: str = ".art", steps: int | None = None, out: str | None = None) -> None:
+    result = asyncio.run(run_demo(path, out=out, **({"steps": steps} if steps else {})))
+    print(
+        f"demo result: success_start={result['success_start']:.3f} success_end={result['success_end']:.3f} "
+        f"steps={int(result['steps'])} seconds={result['seconds']:.1f}"
+    )

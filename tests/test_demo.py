@@ -1,0 +1,32 @@
+"""`art-adapters demo` end to end, shortened: its own vLLM server, warm start, GRPO steps, the result line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.train]
+RESULT = re.compile(
+    r"^demo result: success_start=(?P<start>\d+\.\d+) success_end=(?P<end>\d+\.\d+) "
+    r"steps=(?P<steps>\d+) seconds=(?P<seconds>\d+\.\d+)$"
+)
+STEPS = 8
+
+
+def test_demo_learns_and_ends_with_the_result_line(tmp_path: Path) -> None:
+    command = [str(Path(sys.executable).parent / "art-adapters"), "demo", "--steps", str(STEPS)]
+    command += ["--path", str(tmp_path / "art"), "--out", str(tmp_path / "reward.png")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    match = RESULT.match(lines[-1])
+    assert match, lines[-5:]
+    assert int(match["steps"]) == STEPS
+    assert (tmp_path / "reward.png").stat().st_size > 0
+    history = tmp_path / "art" / "demo" / "models" / "tool-agent" / "history.jsonl"
+    assert len(history.read_text().splitlines()) == STEPS + 2  # STEPS train rows + 2 evaluations
+    assert float(match["end"]) >= float(match["start"]) + 0.2, lines[-1]  # the short run still learns
