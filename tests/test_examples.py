@@ -1,4 +1,4 @@
-"""The examples run: capture-only paths against ScriptedServer now; the training variants under `-m train`."""
+"""The examples run: capture-only paths against ScriptedServer now; the training variants on the tiny model (LocalBackend)."""
 
 from __future__ import annotations
 
@@ -142,14 +142,8 @@ def test_openai_tool_agent_on_sqlite(tmp_path: Path) -> None:
     assert rows == [{"reward": 0.0, "llm_calls": 2, "messages": 5}] * 2
 
 
-def _train_selected(config: pytest.Config) -> bool:
-    return "train" in (config.getoption("markexpr", "") or "")
-
-
 @pytest.mark.train
-def test_quickstart_trains_on_the_tiny_model(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not _train_selected(request.config):
-        pytest.skip("training run: select with `-m train`")
+def test_quickstart_trains_on_the_tiny_model(tmp_path: Path) -> None:
     from art_adapters.tiny import tiny_model_path
 
     out = run_example(
@@ -173,9 +167,7 @@ def test_quickstart_trains_on_the_tiny_model(request: pytest.FixtureRequest, tmp
 
 
 @pytest.mark.train
-def test_langgraph_sql_agent_trains_on_the_tiny_model(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if not _train_selected(request.config):
-        pytest.skip("training run: select with `-m train`")
+def test_langgraph_sql_agent_trains_on_the_tiny_model(tmp_path: Path) -> None:
     from art_adapters.tiny import tiny_model_path
 
     out = run_example(
