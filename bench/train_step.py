@@ -39,7 +39,9 @@ def make_data(path: Path, prompts: int, group: int, tokens: int) -> None:
     rows = []
     for text in (PROMPTS * 4)[:prompts]:
         messages = [{"role": "user", "content": text}]
-        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        prompt = tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         ids = torch.tensor([prompt] * group)
         lps = []
         with torch.no_grad():
@@ -49,7 +51,14 @@ def make_data(path: Path, prompts: int, group: int, tokens: int) -> None:
                 lps.append(dist.gather(-1, nxt))
                 ids = torch.cat([ids, nxt], 1)
         completions = ids[:, len(prompt) :].tolist()
-        rows.append({"text": text, "prompt": prompt, "completions": completions, "logprobs": torch.cat(lps, 1).tolist()})
+        rows.append(
+            {
+                "text": text,
+                "prompt": prompt,
+                "completions": completions,
+                "logprobs": torch.cat(lps, 1).tolist(),
+            }
+        )
     path.write_text(json.dumps({"model": str(model_path), "rows": rows}))
 
 
@@ -127,7 +136,9 @@ def run_trl(data: dict[str, Any], steps: int) -> dict[str, Any]:
             out["logprobs"].append(row["logprobs"][i])
         return out
 
-    def reward(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
+    def reward(
+        prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **_: Any
+    ) -> list[float]:
         return [reward_of(ids) for ids in completion_ids]
 
     class Timer(TrainerCallback):
@@ -145,7 +156,9 @@ def run_trl(data: dict[str, Any], steps: int) -> dict[str, Any]:
             self.times.append(time.perf_counter() - self.start)
 
     rows = data["rows"]
-    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["text"]}] for r in rows] * (steps + 1)})
+    dataset = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": r["text"]}] for r in rows] * (steps + 1)}
+    )
     n = len(rows) * group
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
@@ -250,7 +263,16 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeats):  # interleaved, so load changes on a shared box hit every side alike
         for kind in args.kinds.split(","):
-            cmd = [sys.executable, __file__, "--worker", kind, "--data", str(data), "--steps", str(args.steps)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                kind,
+                "--data",
+                str(data),
+                "--steps",
+                str(args.steps),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
@@ -259,7 +281,9 @@ def main() -> None:
     print(f"\nworkload: {args.prompts} prompts x {args.group} completions x {args.tokens} sampled tokens, "
           f"tiny model, LoRA r={LORA['rank']} + lm_head, fp32, CPU threads={os.cpu_count()}, "
           f"{args.steps} timed steps x {args.repeats} runs (median)\n")  # fmt: skip
-    print("| trainer | step s (median) | trained tokens/s | peak RSS MiB | RSS growth in loop MiB | setup s |")
+    print(
+        "| trainer | step s (median) | trained tokens/s | peak RSS MiB | RSS growth in loop MiB | setup s |"
+    )
     print("|---|---|---|---|---|---|")
     summary = {}
     for kind, runs in results.items():

@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default=None, help="where to write the reward curve PNG")
 
     commands.add_parser(
-        "serve", help="expose a LocalBackend over HTTP for RemoteBackend clients (see `serve --help`)", add_help=False
+        "serve",
+        help="expose a LocalBackend over HTTP for RemoteBackend clients (see `serve --help`)",
+        add_help=False,
     )
 
     report = commands.add_parser("report", help="write an HTML report (and PNG curves) of a model's run")

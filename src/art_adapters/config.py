@@ -11,16 +11,26 @@ class TrainConfig(BaseModel):
     """Settings of one `model.train(...)` step (ART's names where ART has them)."""
 
     learning_rate: float = Field(default=5e-6, gt=0)
-    beta: float = Field(default=0.0, ge=0, description="KL coefficient to the base policy (adapter disabled).")
+    beta: float = Field(
+        default=0.0, ge=0, description="KL coefficient to the base policy (adapter disabled)."
+    )
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")
-    epsilon_high: float | None = Field(default=None, description="Upper clip range (DAPO clip-higher); None = epsilon.")
+    epsilon_high: float | None = Field(
+        default=None, description="Upper clip range (DAPO clip-higher); None = epsilon."
+    )
     loss: Literal["grpo", "gspo", "cispo"] = "grpo"
-    scale_rewards: bool = Field(default=True, description="Divide advantages by the group std; False is Dr. GRPO.")
+    scale_rewards: bool = Field(
+        default=True, description="Divide advantages by the group std; False is Dr. GRPO."
+    )
     normalization: Literal["token", "sequence"] = "token"
     max_grad_norm: float = Field(default=1.0, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
-    micro_batch_tokens: int = Field(default=4096, gt=0, description="Token budget of one forward/backward pass.")
-    max_seq_len: int = Field(default=2048, gt=0, description="Longer sequences are truncated (truncated tokens untrained).")
+    micro_batch_tokens: int = Field(
+        default=4096, gt=0, description="Token budget of one forward/backward pass."
+    )
+    max_seq_len: int = Field(
+        default=2048, gt=0, description="Longer sequences are truncated (truncated tokens untrained)."
+    )
     seed: int = 0
 
     @model_validator(mode="after")

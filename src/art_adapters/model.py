@@ -57,7 +57,9 @@ class Model(BaseModel):
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            raise RuntimeError(f"model {self.name!r} is not registered: call `await model.register(backend)` first")
+            raise RuntimeError(
+                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
+            )
         return self._backend
 
     def get_inference_name(self, step: int | None = None) -> str:
@@ -66,7 +68,9 @@ class Model(BaseModel):
     def openai_client(self) -> openai.AsyncOpenAI:
         """An AsyncOpenAI client for this model's endpoint, recording every call into the current capture."""
         if self.inference_base_url is None:
-            raise RuntimeError(f"model {self.name!r} has no inference endpoint: register it or set inference_base_url")
+            raise RuntimeError(
+                f"model {self.name!r} has no inference endpoint: register it or set inference_base_url"
+            )
         if self._client is None:
             from .recording import async_openai_client
 
@@ -86,7 +90,9 @@ class TrainableModel(Model):
     base_model: str
     trainable: bool = True
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
-    inference: dict[str, Any] = Field(default_factory=dict, description="InferenceConfig fields for the server.")
+    inference: dict[str, Any] = Field(
+        default_factory=dict, description="InferenceConfig fields for the server."
+    )
 
     def get_inference_name(self, step: int | None = None) -> str:
         return self.name if step is None else f"{self.name}@{step}"
@@ -110,7 +116,9 @@ class TrainableModel(Model):
                 result = event.get("metrics", {})
         return result
 
-    async def train_sft(self, trajectories: list[Trajectory], config: SFTConfig | None = None) -> dict[str, Any]:
+    async def train_sft(
+        self, trajectories: list[Trajectory], config: SFTConfig | None = None
+    ) -> dict[str, Any]:
         """Supervised steps on the assistant turns of the trajectories (a warm start)."""
         result: dict[str, Any] = {}
         async for event in self.backend.train_sft(self, list(trajectories), config or SFTConfig()):
@@ -118,7 +126,9 @@ class TrainableModel(Model):
                 result = event.get("metrics", {})
         return result
 
-    async def log(self, trajectories: list[TrajectoryGroup] | list[Trajectory], split: str = "val") -> dict[str, float]:
+    async def log(
+        self, trajectories: list[TrajectoryGroup] | list[Trajectory], split: str = "val"
+    ) -> dict[str, float]:
         """Record evaluation rollouts at the current step (e.g. `val/reward_mean` for `delete_checkpoints`)."""
         groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in trajectories]
         return await self.backend.log(self, groups, split)

@@ -175,7 +175,9 @@ class TrajectoryGroup(BaseModel):
         **data: Any,
     ) -> None:
         if isinstance(trajectories, str | bytes | dict | BaseModel):
-            raise TypeError(f"TrajectoryGroup takes an iterable of trajectories, not {type(trajectories).__name__}")
+            raise TypeError(
+                f"TrajectoryGroup takes an iterable of trajectories, not {type(trajectories).__name__}"
+            )
         done: list[Trajectory] = []
         pending: list[Awaitable[Trajectory]] = []
         errors = list(exceptions or [])

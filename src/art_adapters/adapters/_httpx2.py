@@ -47,7 +47,11 @@ class _SyncStream(httpx.SyncByteStream, httpx2.SyncByteStream):
 
 def _to_httpx2_request(request: Any, content: bytes) -> httpx2.Request:
     return httpx2.Request(
-        request.method, str(request.url), headers=request.headers.raw, content=content, extensions=request.extensions
+        request.method,
+        str(request.url),
+        headers=request.headers.raw,
+        content=content,
+        extensions=request.extensions,
     )
 
 

@@ -40,11 +40,15 @@ class Backend(Protocol):
         self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
     ) -> AsyncIterator[dict[str, Any]]: ...
 
-    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, float]:
+    async def log(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str = "val"
+    ) -> dict[str, float]:
         """Record evaluation groups (trajectories and `{split}/...` metrics) at the model's current step."""
         ...
 
-    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str | None = None) -> list[int]:
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str | None = None
+    ) -> list[int]:
         """Delete all checkpoints but the latest and the best by the metric; returns the deleted steps."""
         ...
 

@@ -36,7 +36,10 @@ def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     from peft import get_peft_model_state_dict
 
     config = model.peft_config[model.active_adapter].to_dict()
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    state = {
+        k: v.detach().to("cpu", torch.float32).contiguous()
+        for k, v in get_peft_model_state_dict(model).items()
+    }
     targets = sorted(config["target_modules"])
     rank_pattern = dict(config.get("rank_pattern") or {})
     alpha_pattern = dict(config.get("alpha_pattern") or {})

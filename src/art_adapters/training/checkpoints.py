@@ -122,7 +122,9 @@ def trajectories_path(model_dir: str | Path, split: str, step: int) -> Path:
     return Path(model_dir) / "trajectories" / split / f"{step:04d}.jsonl"
 
 
-def write_trajectories(model_dir: str | Path, split: str, step: int, trajectories: Iterable[Trajectory]) -> Path:
+def write_trajectories(
+    model_dir: str | Path, split: str, step: int, trajectories: Iterable[Trajectory]
+) -> Path:
     """Write `trajectories/{split}/{step:04d}.jsonl`."""
     return write_jsonl(trajectories_path(model_dir, split, step), trajectories)
 

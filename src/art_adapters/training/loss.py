@@ -31,7 +31,9 @@ def group_advantages(
     """reward - group mean (/ group std when `scale_rewards`; off is Dr. GRPO). None when all rewards are equal."""
     for i, reward in enumerate(rewards):
         if not math.isfinite(reward):
-            raise RewardError(f"group {group_index}, trajectory {i}: reward is {reward}; rewards must be finite")
+            raise RewardError(
+                f"group {group_index}, trajectory {i}: reward is {reward}; rewards must be finite"
+            )
     if len(rewards) < 2:
         return None
     mean = sum(rewards) / len(rewards)

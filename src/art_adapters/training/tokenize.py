@@ -179,7 +179,11 @@ def samples_of(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]
     calls_seen: set[tuple[Any, ...]] = set()
     for history in histories:
         for call in history.llm_calls:  # a history may list calls the trajectory lists too (`finish()`)
-            key = (call.started_at, tuple(call.prompt_token_ids or ()), tuple(call.completion_token_ids or ()))
+            key = (
+                call.started_at,
+                tuple(call.prompt_token_ids or ()),
+                tuple(call.completion_token_ids or ()),
+            )
             if key not in calls_seen:
                 calls_seen.add(key)
                 samples += _samples_of_call(call)
@@ -254,11 +258,19 @@ def _samples_of_choices(
 
 
 def chat_template_ids(
-    tokenizer: ChatTokenizer, messages: list[Message], tools: Tools | None, *, add_generation_prompt: bool = True
+    tokenizer: ChatTokenizer,
+    messages: list[Message],
+    tools: Tools | None,
+    *,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     """Prompt ids of `messages` (+ tools), with the generation prompt by default, as vLLM renders them."""
     out = tokenizer.apply_chat_template(
-        as_vllm_renders(messages), tools=tools or None, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        as_vllm_renders(messages),
+        tools=tools or None,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=False,
     )
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
@@ -322,7 +334,9 @@ def sft_samples(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample
             prefix = chat_template_ids(tokenizer, messages[:i], history.tools)
             full = chat_template_ids(tokenizer, messages[: i + 1], history.tools, add_generation_prompt=False)
             if full[: len(prefix)] != prefix or len(full) == len(prefix):
-                log.warning("assistant turn %d does not extend its prompt under the chat template; skipped", i)
+                log.warning(
+                    "assistant turn %d does not extend its prompt under the chat template; skipped", i
+                )
                 continue
             samples.append(Sample(prefix, full[len(prefix) :], [NAN] * (len(full) - len(prefix)), 1.0))
     return samples

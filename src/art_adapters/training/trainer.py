@@ -201,7 +201,9 @@ class Trainer:
             metrics["kl"] = sums["kl"] / tokens
         return metrics
 
-    def prepare(self, groups: list[TrajectoryGroup], config: TrainConfig) -> tuple[list[TrainSequence], Metrics]:
+    def prepare(
+        self, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> tuple[list[TrainSequence], Metrics]:
         """Tokenize every group and attach each trajectory's group advantage (groups never mix)."""
         rewards = [t.reward for g in groups for t in g.trajectories]
         metrics: Metrics = {
@@ -277,7 +279,9 @@ class Trainer:
         started = time.perf_counter()
         sequences: list[TrainSequence] = []
         for trajectory in trajectories:
-            out = sequences_from_samples(sft_samples(trajectory, self.tokenizer), max_seq_len=config.max_seq_len)
+            out = sequences_from_samples(
+                sft_samples(trajectory, self.tokenizer), max_seq_len=config.max_seq_len
+            )
             sequences += out.sequences
         metrics: Metrics = {"trajectories": len(trajectories), "sequences": len(sequences)}
         total = sum(s.num_trained for s in sequences)
@@ -353,4 +357,3 @@ def _std(values: list[float]) -> float:
         return 0.0
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
