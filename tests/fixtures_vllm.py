@@ -18,6 +18,21 @@ from art_adapters.inference import InferenceConfig, VLLMServer
 from art_adapters.inference.vllm_server import group_pids
 from art_adapters.tiny import tiny_model_path
 
+WEATHER_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:

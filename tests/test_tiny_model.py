@@ -8,21 +8,8 @@ from pathlib import Path
 import pytest
 
 from art_adapters.tiny import build_tiny_model, tiny_model_path, weights_digest
+from fixtures_vllm import WEATHER_TOOLS as TOOLS
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris and Rome?"},

@@ -16,25 +16,12 @@ import pytest
 
 from art_adapters.inference import InferenceConfig, InferenceServerError, VLLMServer, write_zero_adapter
 from art_adapters.inference.vllm_server import group_pids
+from fixtures_vllm import WEATHER_TOOLS as TOOLS
 from fixtures_vllm import chat, chat_stream
 
 vllm = pytest.mark.vllm
 aio = pytest.mark.asyncio(loop_scope="session")
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},
