@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -53,13 +54,32 @@ def checkpoint_is_fp32(model_dir: str | os.PathLike[str]) -> bool:
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or "").replace("torch.", "") == "float32"
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
 def validate_model_dir(path: str | os.PathLike[str]) -> Path:
+    """The base model's local folder: `path` itself, or a Hugging Face hub id resolved through the hub cache
+    (downloaded where the hub is reachable). A clear ValueError otherwise, before anything starts."""
     p = Path(path).expanduser()
+    if not p.exists() and HUB_ID.match(str(path)):
+        p = _download_from_hub(str(path))
     if not p.is_dir():
         raise ValueError(f"base model folder does not exist: {p}")
     if not (p / "config.json").is_file():
         raise ValueError(f"not a Hugging Face model folder (no config.json): {p}")
     return p.resolve()
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id))
+    except Exception as error:  # offline, unknown repo, no access: say what was tried
+        raise ValueError(
+            f"base model {repo_id!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"({type(error).__name__}: {error})"
+        ) from error
 
 
 def adapter_rank(adapter_dir: str | os.PathLike[str]) -> int:
