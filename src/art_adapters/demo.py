@@ -20,9 +20,9 @@ from .model import TrainableModel
 from .trajectory import Trajectory, TrajectoryGroup
 
 # --- the task: a support agent with 4 tools; every request is about an order, which one tool can answer --------
-# Names with distinct first tokens, so the choice is one sampled token; a description, because vLLM renders a
-# missing one as `"description": null` and the warm start must see the prompt vLLM will build.
-TOOL_DESCRIPTIONS = {"orders": "order status", "weather": "forecast", "news": "headlines", "joke": "a joke"}
+# Each name is ONE token of the tiny tokenizer, so the choice is one sampled token (multi-token names let RL mix
+# fragments of names); a description, because vLLM renders a missing one as `"description": null`.
+TOOL_DESCRIPTIONS = {"query": "look up an order", "day": "today's date", "fun": "a joke", "capital": "a capital city"}
 TOOL_NAMES = list(TOOL_DESCRIPTIONS)
 TOOLS: list[dict[str, Any]] = [
     {
@@ -32,17 +32,17 @@ TOOLS: list[dict[str, Any]] = [
     for name, text in TOOL_DESCRIPTIONS.items()
 ]
 SCENARIOS: list[tuple[str, str]] = [
-    ("Where is my order?", "orders"),
-    ("Has my parcel shipped?", "orders"),
-    ("When will my package arrive?", "orders"),
-    ("Is order 42 on its way?", "orders"),
-    ("Track my delivery.", "orders"),
-    ("Did you send my order?", "orders"),
-    ("What is my order status?", "orders"),
-    ("My package is late.", "orders"),
+    ("Where is my order?", "query"),
+    ("Has my parcel shipped?", "query"),
+    ("When will my package arrive?", "query"),
+    ("Is order 42 on its way?", "query"),
+    ("Track my delivery.", "query"),
+    ("Did you send my order?", "query"),
+    ("What is my order status?", "query"),
+    ("My package is late.", "query"),
 ]
 SYSTEM = "You are a support agent. Call one tool."
-TOOL_RESULTS = {"orders": "shipped", "weather": "sunny", "news": "calm", "joke": "a pun"}
+TOOL_RESULTS = {"query": "shipped", "day": "Monday", "fun": "a pun", "capital": "Paris"}
 
 
 def scenario_messages(request: str) -> list[dict[str, Any]]:
@@ -69,7 +69,8 @@ def warm_start_examples(count: int, seed: int = 0, labelled: float = 0.0) -> lis
 
 
 # --- one rollout: the agent calls a tool, reads its result and answers -------------------------------------------
-async def rollout(model: TrainableModel, request: str, target: str) -> Trajectory:
+async def rollout(model: TrainableModel, request: str, target: str, seed: int) -> Trajectory:
+    """Sampling is seeded per rollout (vLLM's per-request `seed`), so a run repeats on the same machine."""
     client = model.openai_client()
     messages = scenario_messages(request)
     async with capture() as trajectory:
@@ -79,6 +80,7 @@ async def rollout(model: TrainableModel, request: str, target: str) -> Trajector
             tools=TOOLS,
             max_tokens=32,
             temperature=1.0,  # type: ignore[arg-type]
+            seed=seed,
         )
         message = first.choices[0].message
         calls = message.tool_calls or []
@@ -94,6 +96,7 @@ async def rollout(model: TrainableModel, request: str, target: str) -> Trajector
                 tools=TOOLS,
                 max_tokens=8,
                 temperature=1.0,  # type: ignore[arg-type]
+                seed=seed + 1,
             )
     success = name == target and len(calls) == 1
     # Shaped: a well-formed call of the wrong tool earns a little, so a broken call is the worst outcome.
@@ -104,13 +107,18 @@ async def rollout(model: TrainableModel, request: str, target: str) -> Trajector
     return trajectory
 
 
-def scenario_groups(model: TrainableModel, size: int) -> list[TrajectoryGroup]:
-    return [TrajectoryGroup(rollout(model, r, t) for _ in range(size)) for r, t in SCENARIOS]
+def scenario_groups(model: TrainableModel, size: int, seed: int) -> list[TrajectoryGroup]:
+    return [
+        TrajectoryGroup(rollout(model, r, t, seed + 2 * (s * size + i)) for i in range(size))
+        for s, (r, t) in enumerate(SCENARIOS)
+    ]
 
 
-async def evaluate(model: TrainableModel, samples_per_scenario: int) -> float:
+async def evaluate(model: TrainableModel, samples_per_scenario: int, seed: int) -> float:
     """Success rate (the right tool, called once) over every scenario at temperature 1; logged as `val`."""
-    groups = await gather_trajectory_groups(scenario_groups(model, samples_per_scenario), pbar_desc="eval")
+    groups = await gather_trajectory_groups(
+        scenario_groups(model, samples_per_scenario, seed), pbar_desc="eval"
+    )
     metrics = await model.log(groups, split="val")
     return float(metrics["val/metric/success"])
 
@@ -156,7 +164,7 @@ async def run_demo(
             config=SFTConfig(learning_rate=warm_learning_rate, epochs=warm_epochs, batch_size=16, seed=seed),
         )
         print(f"    warm start: {sft['batches']} SFT steps, final loss {sft['final_loss']:.3f}", flush=True)
-        success_start = await evaluate(model, eval_samples)
+        success_start = await evaluate(model, eval_samples, seed=seed * 7919 + 1)
         print(f"3/4 success at step 0: {success_start:.3f}; GRPO steps:", flush=True)
         print(
             f"{'step':>4} {'success':>7} {'reward':>7} {'loss':>8} {'grad':>7} {'clip':>6} {'tokens':>7} {'swap':>8} {'sec':>6}"
@@ -165,7 +173,10 @@ async def run_demo(
         config = TrainConfig(learning_rate=learning_rate, seed=seed)
         for _ in range(steps):
             t0 = time.perf_counter()
-            groups = await gather_trajectory_groups(scenario_groups(model, group_size), pbar_desc="rollouts")
+            step_seed = (seed + 1) * 1_000_003 + len(curve) * 10_007
+            groups = await gather_trajectory_groups(
+                scenario_groups(model, group_size, step_seed), pbar_desc="rollouts"
+            )
             metrics = await model.train(groups, config=config)
             step = await model.get_step()
             probe = next(c for g in groups for t in g for c in t.llm_calls if c.completion_token_ids)
@@ -178,7 +189,7 @@ async def run_demo(
                 f"{int(metrics.get('trained_tokens', 0)):>7d} {swap:>8.1e} {time.perf_counter() - t0:>6.1f}",
                 flush=True,
             )
-        success_end = await evaluate(model, eval_samples)
+        success_end = await evaluate(model, eval_samples, seed=seed * 7919 + 1)
         final_step = await model.get_step()
     print(f"4/4 success at step {final_step}: {success_end:.3f}")
     curve_path = Path(out) if out else backend.model_dir(model) / "reward.png"
