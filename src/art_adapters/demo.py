@@ -22,7 +22,12 @@ from .trajectory import Trajectory, TrajectoryGroup
 # --- the task: a support agent with 4 tools; every request is about an order, which one tool can answer --------
 # Each name is ONE token of the tiny tokenizer, so the choice is one sampled token (multi-token names let RL mix
 # fragments of names); a description, because vLLM renders a missing one as `"description": null`.
-TOOL_DESCRIPTIONS = {"query": "look up an order", "day": "today's date", "fun": "a joke", "capital": "a capital city"}
+TOOL_DESCRIPTIONS = {
+    "query": "look up an order",
+    "day": "today's date",
+    "fun": "a joke",
+    "capital": "a capital city",
+}
 TOOL_NAMES = list(TOOL_DESCRIPTIONS)
 TOOLS: list[dict[str, Any]] = [
     {
@@ -69,8 +74,8 @@ def warm_start_examples(count: int, seed: int = 0, labelled: float = 0.0) -> lis
 
 
 # --- one rollout: the agent calls a tool, reads its result and answers -------------------------------------------
-async def rollout(model: TrainableModel, request: str, target: str, seed: int) -> Trajectory:
-    """Sampling is seeded per rollout (vLLM's per-request `seed`), so a run repeats on the same machine."""
+async def rollout(model: TrainableModel, request: str, target: str, seed: int | None = None) -> Trajectory:
+    """With a `seed`, sampling is seeded per rollout (vLLM's per-request `seed`), so a run repeats."""
     client = model.openai_client()
     messages = scenario_messages(request)
     async with capture() as trajectory:
@@ -96,7 +101,7 @@ async def rollout(model: TrainableModel, request: str, target: str, seed: int) -
                 tools=TOOLS,
                 max_tokens=8,
                 temperature=1.0,  # type: ignore[arg-type]
-                seed=seed + 1,
+                seed=None if seed is None else seed + 1,
             )
     success = name == target and len(calls) == 1
     # Shaped: a well-formed call of the wrong tool earns a little, so a broken call is the worst outcome.
