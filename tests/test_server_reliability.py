@@ -251,9 +251,16 @@ async def test_local_backend_over_http_survives_sigkill_mid_step(tmp_path: Path,
         await model.register(backend)  # starts vLLM on the server (the minutes of this test)
         assert model.inference_base_url == f"http://127.0.0.1:{port}/v1"
 
+        async def varied(request: str, target: str, k: int) -> art.Trajectory:
+            # Rewards that differ within each group, so every step has sequences to train: an all-equal group
+            # trains nothing and its step finishes before the kill below could land mid-step.
+            trajectory = await rollout(model, request, target)
+            trajectory.reward = float(k % 2)
+            return trajectory
+
         async def groups() -> list[art.TrajectoryGroup]:
             return await art.gather_trajectory_groups(
-                [art.TrajectoryGroup(rollout(model, r, t) for _ in range(4)) for r, t in SCENARIOS[:2]],
+                [art.TrajectoryGroup(varied(r, t, k) for k in range(4)) for r, t in SCENARIOS[:2]],
                 pbar_desc=None,
             )
 
@@ -262,6 +269,7 @@ async def test_local_backend_over_http_survives_sigkill_mid_step(tmp_path: Path,
         assert call.completion_token_ids and call.logprobs  # vLLM's token ids came through the proxy
         metrics = await model.train(first, art.TrainConfig(learning_rate=1e-3))
         assert "reward_mean" in metrics and await model.get_step() == 1
+        assert metrics["trained_tokens"] > 0, metrics
 
         model_dir = root / "p/models/tiny-remote"
         steps_before = sorted(p.name for p in (model_dir / "checkpoints").iterdir())
