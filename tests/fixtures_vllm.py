@@ -5,6 +5,7 @@ Register with ``pytest_plugins = ["fixtures_vllm"]``; helpers here are plain fun
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+import art_adapters as art
 from art_adapters.inference import InferenceConfig, VLLMServer
 from art_adapters.inference.vllm_server import group_pids
 from art_adapters.tiny import tiny_model_path
@@ -83,3 +85,19 @@ async def chat_stream(
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[len("data: ") :]))
     return chunks
+
+
+@contextlib.asynccontextmanager
+async def registered_on(
+    server: VLLMServer, root: Path, *, name: str, project: str
+) -> AsyncIterator[tuple[art.LocalBackend, art.TrainableModel]]:
+    """A LocalBackend under `root` serving from the shared `server`, with one rank-8 TrainableModel registered."""
+    backend = art.LocalBackend(root).use_server(server)
+    model = art.TrainableModel(
+        name=name, project=project, base_model=str(server.base_model), lora=art.LoRAConfig(rank=8, alpha=16)
+    )
+    await model.register(backend)
+    try:
+        yield backend, model
+    finally:
+        await backend.close()

@@ -13,6 +13,7 @@ import pytest_asyncio
 import art_adapters as art
 from art_adapters.backend.local import LocalBackend
 from art_adapters.inference import InferenceConfig, VLLMServer
+from fixtures_vllm import registered_on
 
 pytestmark = [pytest.mark.vllm, pytest.mark.train]
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -23,16 +24,10 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 async def registered(
     vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[LocalBackend, art.TrainableModel]]:
-    backend = LocalBackend(tmp_path_factory.mktemp("art")).use_server(vllm_server)
-    model = art.TrainableModel(
-        name="agent",
-        project="local",
-        base_model=str(vllm_server.base_model),
-        lora=art.LoRAConfig(rank=8, alpha=16),
-    )
-    await model.register(backend)
-    yield backend, model
-    await backend.close()
+    async with registered_on(
+        vllm_server, tmp_path_factory.mktemp("art"), name="agent", project="local"
+    ) as pair:
+        yield pair
     assert vllm_server.running, "close() stopped a server it did not start"
 
 

@@ -20,6 +20,7 @@ from art_adapters.inference import VLLMServer
 from art_adapters.training import checkpoints
 from art_adapters.training.loss import RewardError
 from art_adapters.training.tokenize import TokenizationError
+from fixtures_vllm import registered_on
 
 pytestmark = [pytest.mark.vllm, pytest.mark.train]
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -32,16 +33,10 @@ SWAP_TOLERANCE = 1e-4
 async def loop(
     vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[LocalBackend, art.TrainableModel]]:
-    backend = LocalBackend(tmp_path_factory.mktemp("art")).use_server(vllm_server)
-    model = art.TrainableModel(
-        name="looper",
-        project="loop",
-        base_model=str(vllm_server.base_model),
-        lora=art.LoRAConfig(rank=8, alpha=16),
-    )
-    await model.register(backend)
-    yield backend, model
-    await backend.close()
+    async with registered_on(
+        vllm_server, tmp_path_factory.mktemp("art"), name="looper", project="loop"
+    ) as pair:
+        yield pair
 
 
 async def rollout(model: art.TrainableModel, prompt: str) -> art.Trajectory:

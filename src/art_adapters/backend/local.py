@@ -15,6 +15,7 @@ from ..config import SFTConfig, TrainConfig
 from ..model import Model, TrainableModel, check_name
 from ..trajectory import Trajectory, TrajectoryGroup
 from .base import InferenceEndpoint
+from .metrics import all_trajectories, best_step, rollout_metrics
 
 if TYPE_CHECKING:
     from ..inference import InferenceConfig, VLLMServer
@@ -409,44 +410,3 @@ async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids:
     for entry, token in zip(entries[1:], token_ids[1:], strict=True):
         out.append(float(entry[str(token)]["logprob"]))
     return out
-
-
-def all_trajectories(groups: list[TrajectoryGroup]) -> list[Trajectory]:
-    return [t for group in groups for t in group.trajectories]
-
-
-def rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
-    """Reward mean/std, trajectory count, exception rate and the mean of each numeric trajectory metric."""
-    trajectories = all_trajectories(groups)
-    rewards = [t.reward for t in trajectories]
-    exceptions = sum(len(g.exceptions) for g in groups)
-    total = len(rewards) + exceptions
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
-    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
-    out = {
-        "reward_mean": mean,
-        "reward_std": std,
-        "trajectories": float(len(rewards)),
-        "exceptions": float(exceptions),
-        "exception_rate": exceptions / total if total else 0.0,
-    }
-    keys = sorted({k for t in trajectories for k, v in t.metrics.items() if isinstance(v, int | float)})
-    for key in keys:
-        values = [float(t.metrics[key]) for t in trajectories if isinstance(t.metrics.get(key), int | float)]
-        out.setdefault(f"metric/{key}", sum(values) / len(values))
-    return out
-
-
-def best_step(history: list[dict[str, Any]], metric: str, steps: set[int]) -> int | None:
-    """The checkpoint step whose history rows score highest on `metric` (`val/reward`, `train/reward`, ...)."""
-    best: tuple[float, int] | None = None
-    for row in history:
-        value = row.get(metric)
-        split = row.get("split", "")
-        if value is None and metric.startswith(f"{split}/"):  # "train/reward" -> a train row's reward_mean
-            key = metric[len(split) + 1 :]
-            value = row.get("reward_mean" if key == "reward" else key)
-        step = row.get("step")
-        if isinstance(value, int | float) and step in steps and (best is None or value > best[0]):
-            best = (float(value), int(step))
-    return best[1] if best else None

