@@ -113,10 +113,11 @@ def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
 
 def split_conversations(calls: list[LLMCall]) -> list[Conversation]:
     """Group answered calls into conversations, in order of their first call (unanswered calls are left out)."""
+    answered = [call for call in calls if not call.error and (call.response or {}).get("choices")]
+    if len(answered) == 1:  # the common single-call rollout: nothing to chain, no keys to compute
+        return [Conversation(answered[0], [])]
     conversations: list[Conversation] = []
-    for call in calls:
-        if call.error or not (call.response or {}).get("choices"):
-            continue
+    for call in answered:
         keys = [message_key(m) for m in call.request_messages() if isinstance(m, dict)]
         best: tuple[int, int, Conversation] | None = None
         for conversation in conversations:
