@@ -93,10 +93,10 @@ def paired(base_url: str, calls: int) -> None:
             await raw()
             await recorded()
         out: dict[str, list[float]] = {"raw": [], "recorded": []}
+        pair = [("raw", raw), ("recorded", recorded)]
         for k in range(calls):
-            first, second = ("raw", "recorded") if k % 2 == 0 else ("recorded", "raw")
-            for name in (first, second):
-                out[name].append(await (raw if name == "raw" else recorded)())
+            for name, call in pair if k % 2 == 0 else pair[::-1]:
+                out[name].append(await call())
         return out
 
     print(json.dumps(asyncio.run(run())), flush=True)

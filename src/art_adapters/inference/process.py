@@ -121,10 +121,6 @@ def find_free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int
         return int(s.getsockname()[1])
 
 
-def resolve_path(path: str | os.PathLike[str]) -> Path:
-    return Path(path).expanduser().resolve()
-
-
 def tail_lines(path: str | os.PathLike[str], n: int = 40) -> str:
     try:
         with open(path, errors="replace") as f:

