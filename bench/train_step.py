@@ -78,7 +78,7 @@ def run_ours(data: dict[str, Any], engine: str, steps: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     from art_adapters.config import LoRAConfig, TrainConfig
     from art_adapters.training.trainer import Trainer
-    from art_adapters.trajectory import LLMCall, Trajectory, TrajectoryGroup
+    from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
     trainer = Trainer(data["model"], LoRAConfig(**LORA), engine=engine)  # type: ignore[arg-type]
     setup_s = time.perf_counter() - t0

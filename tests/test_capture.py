@@ -16,7 +16,7 @@ import pytest
 from art_adapters.capture import AsyncRecordingTransport, RecordingTransport, capture, current_trajectory
 from art_adapters.recording import async_http_client, async_openai_client, http_client, openai_client
 from art_adapters.testing import Reply, ScriptedServer, prompt_text, token_ids
-from art_adapters.trajectory import Trajectory
+from art_adapters.trajectories import Trajectory
 
 USER = [{"role": "user", "content": "what is 2+2?"}]
 TOOLS_REPLY = Reply(

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from art_adapters.training import checkpoints as ck
-from art_adapters.trajectory import Trajectory, read_jsonl
+from art_adapters.trajectories import Trajectory, read_jsonl
 
 
 def write_files(n: int):

@@ -13,7 +13,7 @@ import pytest
 
 from art_adapters.envs import SQLiteEnv
 from art_adapters.testing import Reply, ScriptedServer
-from art_adapters.trajectory import read_jsonl
+from art_adapters.trajectories import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

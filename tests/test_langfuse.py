@@ -19,7 +19,7 @@ pytest.importorskip("langfuse")
 pytest.importorskip("opentelemetry.proto")
 
 from art_adapters.tracing.langfuse import LangfuseExporter  # noqa: E402
-from art_adapters.trajectory import LLMCall, Trajectory, TrajectoryGroup  # noqa: E402
+from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup  # noqa: E402
 from langfuse_receiver import LangfuseReceiver, attr_json  # noqa: E402
 
 OTYPE = "langfuse.observation.type"
@@ -280,7 +280,7 @@ def test_process_exit_is_bounded_when_langfuse_hangs():
         code = f"""
 import atexit, time
 atexit.register(lambda: print("atexit-done", time.time(), flush=True))  # registered first: runs last
-from art_adapters.trajectory import Trajectory
+from art_adapters.trajectories import Trajectory
 from art_adapters.tracing.langfuse import LangfuseExporter
 exporter = LangfuseExporter("{key()}", "sk", "{receiver.base_url}", timeout_s=2.0)
 exporter.export([Trajectory(messages_and_choices=[{{"role": "user", "content": "x"}}], reward=1.0)] * 5)

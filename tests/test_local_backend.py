@@ -134,7 +134,7 @@ async def test_train_while_not_registered_is_a_clear_error(
     with pytest.raises(RuntimeError, match="register"):
         await stranger.train([])
     with pytest.raises(RuntimeError, match="not registered with this LocalBackend"):
-        async for _ in backend.train(stranger, [], art.TrainConfig()):
+        async for _ in backend.train_events(stranger, [], art.TrainConfig()):
             pass
 
 

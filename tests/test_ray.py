@@ -13,7 +13,7 @@ import art_adapters as art
 from art_adapters.backend.remote import RemoteBackend
 from art_adapters.backend.server import create_app
 from art_adapters.testing import ScriptedServer
-from art_adapters.trajectory import RolloutError
+from art_adapters.trajectories import RolloutError
 from test_remote_backend import FakeBackend, running, trainable
 
 ray = pytest.importorskip("ray")

@@ -63,8 +63,13 @@ class FakeBackend:
         self.calls.append(("get_step", model.name))
         return max(self.checkpoints(model), default=0)
 
-    async def train(
-        self, model: art.TrainableModel, groups: list[art.TrajectoryGroup], config: art.TrainConfig
+    async def train_events(
+        self,
+        model: art.TrainableModel,
+        groups: list[art.TrajectoryGroup],
+        config: art.TrainConfig,
+        *,
+        record: bool = True,
     ) -> AsyncIterator[dict[str, Any]]:
         self.calls.append(("train", model.name))
         step = max(self.checkpoints(model), default=0) + 1
@@ -87,9 +92,9 @@ class FakeBackend:
         await asyncio.sleep(self.step_delay_s)  # a window in which the step is half-written
         os.rename(tmp, folder / f"{step:04d}")
         metrics = {"step": step, "reward_mean": sum(rewards) / max(len(rewards), 1), "n": len(rewards)}
-        yield {"event": "done", "metrics": metrics}
+        yield {"event": "done", "step": step, "metrics": metrics}
 
-    async def train_sft(
+    async def train_sft_events(
         self, model: art.TrainableModel, trajectories: list[art.Trajectory], config: art.SFTConfig
     ) -> AsyncIterator[dict[str, Any]]:
         self.calls.append(("train_sft", model.name))
@@ -97,7 +102,13 @@ class FakeBackend:
         yield {"event": "done", "metrics": {"sft_examples": len(trajectories), "epochs": config.epochs}}
 
     async def log(
-        self, model: art.TrainableModel, groups: list[art.TrajectoryGroup], split: str = "val"
+        self,
+        model: art.Model,
+        groups: list[art.TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
     ) -> dict[str, float]:
         self.calls.append(("log", model.name))
         rewards = [t.reward for g in groups for t in g.trajectories]
@@ -266,7 +277,7 @@ async def test_progress_arrives_while_the_step_runs(served: str, fake: FakeBacke
     model = trainable()
     await model.register(backend)
     arrivals: list[tuple[str, float, float]] = []
-    async for event in backend.train(model, [group([1.0])], art.TrainConfig()):
+    async for event in backend.train_events(model, [group([1.0])], art.TrainConfig()):
         arrivals.append((event["event"], event.get("t", 0.0), time.time()))
     assert [a[0] for a in arrivals] == ["progress"] * 3 + ["done"]
     first_received = arrivals[0][2]

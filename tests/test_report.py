@@ -17,7 +17,7 @@ import pytest
 from art_adapters.capture import RecordingTransport, capture
 from art_adapters.report import call_tokens, read_history, report_command, write_report
 from art_adapters.testing import Reply, ScriptedServer
-from art_adapters.trajectory import Trajectory, write_jsonl
+from art_adapters.trajectories import Trajectory, write_jsonl
 
 STEPS = 6
 CHROMIUM = next(

@@ -24,7 +24,7 @@ from art_adapters.rewards import (
     ruler_score_group,
 )
 from art_adapters.testing import Reply, ScriptedServer
-from art_adapters.trajectory import Trajectory, TrajectoryGroup
+from art_adapters.trajectories import Trajectory, TrajectoryGroup
 
 ruler_module = sys.modules["art_adapters.rewards.ruler"]  # the package's `ruler` is the function
 
@@ -91,13 +91,14 @@ def assert_untouched(group: TrajectoryGroup) -> None:
 
 async def test_scores_set_rewards_independent_reward_and_explanations(serve) -> None:
     server, client = serve([GOOD])
-    group = make_group()
-    result = await ruler_score_group(group, "judge-model", client=client)
-    assert result is group
+    original = make_group()
+    group = await ruler_score_group(original, "judge-model", client=client)
+    assert group is not original  # ART's contract: a new group, the input left as it was
+    assert_untouched(original)
     assert rewards(group) == [0.9, 0.1, 0.5]
     assert [t.metrics["independent_reward"] for t in group] == ORIGINAL
     assert [t.metadata["ruler_explanation"] for t in group] == ["reason 1", "reason 2", "reason 3"]
-    assert group.trajectories[0].logs == ["RULER (judge-model) score 0.900: reason 1"]
+    assert group.trajectories[0].logs == ["RULER explanation (judge-model, score 0.900): reason 1"]
     assert group.trajectories[0].metrics["steps"] == 1
     assert len(server.requests) == 1
 
@@ -150,27 +151,28 @@ def test_prompt_without_shared_prefix_and_with_tools() -> None:
 async def test_fenced_json_with_prose_is_accepted(serve) -> None:
     server, client = serve([f"Here is my verdict.\n```json\n{GOOD}\n```\nHope this helps!"])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client)
+    group = await ruler_score_group(group, "judge-model", client=client)
     assert rewards(group) == [0.9, 0.1, 0.5] and len(server.requests) == 1
 
 
 async def test_leading_prose_and_trailing_text_accepted(serve) -> None:
     _, client = serve([f"<think>hmm {{not json</think>Sure: {GOOD} -- done"])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client)
+    group = await ruler_score_group(group, "judge-model", client=client)
     assert rewards(group) == [0.9, 0.1, 0.5]
 
 
 async def test_ruler_on_message_lists_returns_scores(serve) -> None:
     _, client = serve([answer([("1", 1), ("2", 0)])])
     convs = [[*PREFIX, {"role": "assistant", "content": a}] for a in ANSWERS[:2]]
-    assert await ruler(convs, "judge-model", client=client) == [1.0, 0.0]
+    scores = await ruler(convs, "judge-model", client=client)
+    assert [(s.trajectory_id, s.score, s.explanation) for s in scores] == [("1", 1.0, "reason 1"), ("2", 0.0, "reason 2")]
 
 
 async def test_order_of_entries_does_not_matter(serve) -> None:
     _, client = serve([answer([("3", 0.5), ("1", 0.9), ("2", 0.1)])])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client)
+    group = await ruler_score_group(group, "judge-model", client=client)
     assert rewards(group) == [0.9, 0.1, 0.5]
 
 
@@ -181,7 +183,7 @@ async def test_art_model_as_judge_and_its_call_is_not_recorded(serve) -> None:
     )
     group = make_group()
     async with capture() as rollout:  # e.g. judging from inside a rollout: the judge call stays out of it
-        await ruler_score_group(group, judge)
+        group = await ruler_score_group(group, judge)
     assert rewards(group) == [0.9, 0.1, 0.5] and server.requests[0]["model"] == "big"
     assert rollout.llm_calls == []
 
@@ -214,7 +216,7 @@ async def test_bad_answer_retried_then_raises(serve, content: str, problem: str)
 async def test_bad_answer_then_good_one_and_correction_is_sent(serve) -> None:
     server, client = serve(["not json at all", answer([("1", 0.9), ("2", 0.1)]), GOOD])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client, retry_delay=0)
+    group = await ruler_score_group(group, "judge-model", client=client, retry_delay=0)
     assert rewards(group) == [0.9, 0.1, 0.5] and len(server.requests) == 3
     retry = server.requests[2]["messages"]
     assert retry[-2]["role"] == "assistant" and "expected 3 scores, got 2" in retry[-1]["content"]
@@ -224,7 +226,7 @@ async def test_bad_answer_then_good_one_and_correction_is_sent(serve) -> None:
 async def test_empty_answer_retried_without_correction(serve) -> None:
     server, client = serve(["", GOOD])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client, retry_delay=0)
+    group = await ruler_score_group(group, "judge-model", client=client, retry_delay=0)
     assert len(server.requests) == 2 and server.requests[0]["messages"] == server.requests[1]["messages"]
     assert rewards(group) == [0.9, 0.1, 0.5]
 
@@ -235,7 +237,7 @@ async def test_400_on_response_format_falls_back_without_it(serve) -> None:
 
     server, client = serve(responder)
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client, max_retries=0)
+    group = await ruler_score_group(group, "judge-model", client=client, max_retries=0)
     assert rewards(group) == [0.9, 0.1, 0.5]
     assert ["response_format" in r for r in server.requests] == [True, False]
     await ruler_score_group(make_group(), "judge-model", client=client)  # remembered for this endpoint
@@ -254,7 +256,7 @@ async def test_400_without_response_format_raises_at_once(serve) -> None:
 async def test_500_is_retried(serve) -> None:
     server, client = serve([Reply(status=500), Reply(status=503), GOOD])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client, max_retries=2, retry_delay=0)
+    group = await ruler_score_group(group, "judge-model", client=client, max_retries=2, retry_delay=0)
     assert rewards(group) == [0.9, 0.1, 0.5] and len(server.requests) == 3
 
 
@@ -289,16 +291,16 @@ async def test_swallow_exceptions_drops_group_and_warns(serve, caplog) -> None:
 async def test_second_judging_keeps_the_original_independent_reward(serve) -> None:
     _, client = serve([GOOD, answer([("1", 0.2), ("2", 0.3), ("3", 0.4)])])
     group = make_group()
-    await ruler_score_group(group, "judge-model", client=client)
-    await ruler_score_group(group, "judge-model", client=client)
+    group = await ruler_score_group(group, "judge-model", client=client)
+    group = await ruler_score_group(group, "judge-model", client=client)
     assert rewards(group) == [0.2, 0.3, 0.4]
     assert [t.metrics["independent_reward"] for t in group] == ORIGINAL
 
 
 async def test_empty_group_makes_no_request(serve) -> None:
     server, client = serve([GOOD])
-    group = TrajectoryGroup([])
-    assert await ruler_score_group(group, "judge-model", client=client) is group
+    result = await ruler_score_group(TrajectoryGroup([]), "judge-model", client=client)
+    assert result is not None and len(result) == 0
     assert server.requests == []
 
 

@@ -20,7 +20,7 @@ import pytest_asyncio
 from art_adapters.inference import VLLMServer
 from art_adapters.model import Model
 from art_adapters.rewards import extract_json, judge_messages, response_schema, ruler_score_group
-from art_adapters.trajectory import Trajectory, TrajectoryGroup
+from art_adapters.trajectories import Trajectory, TrajectoryGroup
 
 pytestmark = pytest.mark.vllm
 

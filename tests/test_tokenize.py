@@ -15,7 +15,7 @@ from art_adapters.training.tokenize import (
     sft_samples,
     tokenize_trajectory,
 )
-from art_adapters.trajectory import History, LLMCall, Trajectory
+from art_adapters.trajectories import History, LLMCall, Trajectory
 
 TOOLS = [
     {

@@ -14,7 +14,7 @@ from art_adapters.config import LoRAConfig, SFTConfig, TrainConfig
 from art_adapters.tiny import tiny_model_path
 from art_adapters.training.tokenize import chat_template_ids
 from art_adapters.training.trainer import Trainer, pack_micro_batches
-from art_adapters.trajectory import LLMCall, Trajectory, TrajectoryGroup
+from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
 pytestmark = pytest.mark.train
 
@@ -281,7 +281,7 @@ def test_unsloth_engine_matches_peft(model_path) -> None:
         from art_adapters.training.trainer import Trainer
         from art_adapters.config import LoRAConfig
         from art_adapters.config import TrainConfig
-        from art_adapters.trajectory import LLMCall, Trajectory, TrajectoryGroup
+        from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup
         trainer = Trainer({str(model_path)!r}, LoRAConfig(modules_to_save=["lm_head"]), engine="unsloth")
         lp = trainer.logprobs_of([762, 343, 263, 198, 71, 72, 763])
         calls = [LLMCall(request={{}}, prompt_token_ids=[762, 343, 263], completion_token_ids=c) for c in ([5, 6], [7])]

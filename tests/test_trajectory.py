@@ -11,7 +11,7 @@ import art_adapters as art
 from art_adapters.capture import capture
 from art_adapters.recording import async_openai_client, openai_client
 from art_adapters.testing import Reply, ScriptedServer, prompt_text, token_ids
-from art_adapters.trajectory import (
+from art_adapters.trajectories import (
     LLMCall,
     SampledChoice,
     Trajectory,
@@ -101,6 +101,7 @@ def test_messages_turn_choices_into_assistant_dicts() -> None:
     messages = rich_trajectory().messages()
     assert messages[2] == {
         "role": "assistant",
+        "content": "",  # ART's rule: content is never None (chat templates expect a string)
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
     }
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from art_adapters.trajectory import LLMCall, Trajectory, TrajectoryGroup
+from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
 
 def read_history(run_file: Path) -> list[dict[str, Any]]:

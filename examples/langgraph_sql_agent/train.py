@@ -19,7 +19,7 @@ from langgraph.errors import GraphRecursionError  # noqa: E402
 import art_adapters as art  # noqa: E402
 from art_adapters.envs import Scenario, SQLiteEnv  # noqa: E402
 from art_adapters.langgraph import wrap_rollout  # noqa: E402
-from art_adapters.trajectory import write_jsonl  # noqa: E402
+from art_adapters.trajectories import write_jsonl  # noqa: E402
 
 
 async def main(argv: list[str] | None = None) -> list[float]:

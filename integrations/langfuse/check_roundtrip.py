@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from art_adapters.tracing.langfuse import LangfuseExporter
-from art_adapters.trajectory import LLMCall, Trajectory
+from art_adapters.trajectories import LLMCall, Trajectory
 
 
 def sample_trajectory() -> Trajectory:

@@ -6,15 +6,45 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
-from .config import LoRAConfig, SFTConfig, TrainConfig
+from .capture.rollout_scope import (
+    auto_trajectory,
+    capture_auto_trajectory,
+    capture_yielded_trajectory,
+    current_trajectory_group,
+    trajectory,
+    trajectory_group,
+    yield_trajectory,
+)
+from .compat import LocalTrainResult, TrainResult, UnsupportedARTSetting
+from .config import LoRAConfig, SFTConfig, TrainConfig, TrainSFTConfig
+from .decorators import retry
 from .model import Model, TrainableModel
-from .trajectory import History, LLMCall, RolloutError, Trajectory, TrajectoryGroup
+from .trajectories import (
+    History,
+    LLMCall,
+    Messages,
+    MessagesAndChoices,
+    PydanticException,
+    RolloutError,
+    Tools,
+    Trajectory,
+    TrajectoryGroup,
+)
 
 if TYPE_CHECKING:
+    from . import dev
     from .backend.base import Backend
     from .backend.local import LocalBackend
     from .backend.remote import RemoteBackend, RemoteBackendError
-    from .gather import gather_trajectories, gather_trajectory_groups
+    from .backend.unshipped import (
+        MegatronBackend,
+        ServerlessBackend,
+        SkyPilotBackend,
+        TinkerBackend,
+        TinkerNativeBackend,
+        UnsupportedBackendError,
+    )
+    from .gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
     from .ray import gather_on_ray
     from .report import write_report
     from .rewards import RulerError, ruler, ruler_score_group
@@ -27,10 +57,17 @@ __version__ = "0.1.0"
 _LAZY = {
     "gather_trajectory_groups": ".gather",
     "gather_trajectories": ".gather",
+    "trajectory_group_batches": ".gather",
     "Backend": ".backend.base",
     "LocalBackend": ".backend.local",
     "RemoteBackend": ".backend.remote",
     "RemoteBackendError": ".backend.remote",
+    "ServerlessBackend": ".backend.unshipped",
+    "TinkerBackend": ".backend.unshipped",
+    "TinkerNativeBackend": ".backend.unshipped",
+    "MegatronBackend": ".backend.unshipped",
+    "SkyPilotBackend": ".backend.unshipped",
+    "UnsupportedBackendError": ".backend.unshipped",
     "gather_on_ray": ".ray",
     "ruler_score_group": ".rewards",
     "ruler": ".rewards",
@@ -42,6 +79,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "dev":
+        return import_module(".dev", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'art_adapters' has no attribute {name!r}")
@@ -57,23 +96,47 @@ __all__ = [
     "LangfuseExporter",
     "LoRAConfig",
     "LocalBackend",
+    "LocalTrainResult",
+    "MegatronBackend",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
+    "PydanticException",
     "RemoteBackend",
     "RemoteBackendError",
     "RolloutError",
     "RulerError",
     "SFTConfig",
+    "ServerlessBackend",
+    "SkyPilotBackend",
+    "TinkerBackend",
+    "TinkerNativeBackend",
+    "Tools",
     "TrainConfig",
+    "TrainResult",
+    "TrainSFTConfig",
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "UnsupportedARTSetting",
+    "UnsupportedBackendError",
     "WandbLogger",
+    "auto_trajectory",
     "capture",
+    "capture_auto_trajectory",
+    "capture_yielded_trajectory",
     "current_trajectory",
-    "gather_trajectories",
+    "current_trajectory_group",
+    "dev",
     "gather_on_ray",
+    "gather_trajectories",
     "gather_trajectory_groups",
+    "retry",
     "ruler",
     "ruler_score_group",
+    "trajectory",
+    "trajectory_group",
+    "trajectory_group_batches",
     "write_report",
+    "yield_trajectory",
 ]

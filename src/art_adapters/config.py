@@ -1,18 +1,29 @@
-"""User-facing settings: one GRPO step (TrainConfig), SFT (SFTConfig) and the LoRA adapter (LoRAConfig)."""
+"""User-facing settings: one GRPO step (TrainConfig), SFT (SFTConfig) and the LoRA adapter (LoRAConfig).
+
+Unknown fields are errors (a misspelt or unsupported ART setting is never silently dropped).
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 
 class TrainConfig(BaseModel):
     """Settings of one `model.train(...)` step (ART's names where ART has them)."""
 
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
     learning_rate: float = Field(default=5e-6, gt=0)
     beta: float = Field(
-        default=0.0, ge=0, description="KL coefficient to the base policy (adapter disabled)."
+        default=0.0,
+        ge=0,
+        validation_alias=AliasChoices("beta", "kl_penalty_coef"),
+        description="KL coefficient to the base policy (adapter disabled); ART's kl_penalty_coef.",
+    )
+    kl_penalty_source: Literal["current_learner"] = Field(
+        default="current_learner", description="ART's setting; the KL is always the current learner's."
     )
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")
     epsilon_high: float | None = Field(
@@ -23,10 +34,20 @@ class TrainConfig(BaseModel):
         default=True, description="Divide advantages by the group std; False is Dr. GRPO."
     )
     normalization: Literal["token", "sequence"] = "token"
+    truncated_importance_sampling: float | None = Field(
+        default=None,
+        gt=0,
+        description="TIS: cap the importance weight of the sampler's tokens at this value (None = no cap).",
+    )
     max_grad_norm: float = Field(default=1.0, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     micro_batch_tokens: int = Field(
         default=4096, gt=0, description="Token budget of one forward/backward pass."
+    )
+    grad_accumulation_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description="ART's memory knob; no effect here (a step always accumulates all its micro-batches).",
     )
     max_seq_len: int = Field(
         default=2048, gt=0, description="Longer sequences are truncated (truncated tokens untrained)."
@@ -34,9 +55,21 @@ class TrainConfig(BaseModel):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _cispo_needs_upper_clip(self) -> TrainConfig:
-        if self.loss == "cispo" and self.epsilon_high is None:
-            self.epsilon_high = 4.0
+    def _loss_defaults(self) -> TrainConfig:
+        """Each loss's published defaults where the fields are unset (they stay unset, so another loss chosen
+        later gets its own): CISPO has no lower clip (epsilon 1) and an upper clip of 4; GSPO clips its sequence
+        ratio at 3e-4 / 4e-4 and normalises per sequence; GRPO clips at 0.2, per token."""
+        given = self.model_fields_set
+        defaults: dict[str, object] = {}
+        if self.loss == "cispo":
+            defaults = {"epsilon": 1.0, "epsilon_high": 4.0}
+        elif self.loss == "gspo":
+            defaults = {"normalization": "sequence"}
+            if "epsilon" not in given:  # a given epsilon alone is a symmetric clip, as for GRPO
+                defaults.update(epsilon=3e-4, epsilon_high=4e-4)
+        for key, value in defaults.items():
+            if key not in given or (key == "epsilon_high" and self.epsilon_high is None and self.loss == "cispo"):
+                object.__setattr__(self, key, value)  # not through __setattr__: the field stays "unset"
         return self
 
     @property
@@ -45,18 +78,48 @@ class TrainConfig(BaseModel):
 
 
 class SFTConfig(BaseModel):
-    """Settings of `model.train_sft(...)`: supervised steps on the assistant turns of trajectories."""
+    """Settings of `model.train_sft(...)`: supervised steps on the assistant turns of trajectories.
 
-    learning_rate: float = Field(default=2e-4, gt=0)
+    `learning_rate` may be a list, one rate per batch (ART's form); `batch_size="auto"` is 8."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float | list[float] = Field(default=2e-4)
     epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=8, ge=1)
+    batch_size: int | Literal["auto"] = Field(default=8)
     max_grad_norm: float = Field(default=1.0, gt=0)
     max_seq_len: int = Field(default=2048, gt=0)
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _check(self) -> SFTConfig:
+        rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
+        if not rates or any(r <= 0 for r in rates):
+            raise ValueError("learning_rate must be > 0 (or a non-empty list of rates > 0)")
+        if self.batch_size == "auto":
+            self.batch_size = 8
+        elif self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        return self
+
+    def rate(self, batch: int, batches: int) -> float:
+        """The learning rate of batch `batch` (0-based) of `batches`."""
+        if not isinstance(self.learning_rate, list):
+            return self.learning_rate
+        if len(self.learning_rate) != batches:
+            raise ValueError(
+                f"learning_rate has {len(self.learning_rate)} rates but the run has {batches} batches"
+            )
+        return self.learning_rate[batch]
+
+
+TrainSFTConfig = SFTConfig  # ART's name
+
 
 class LoRAConfig(BaseModel):
     """The trained adapter. `modules_to_save=["lm_head"]` also trains the output head (needed by tiny models)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     rank: int = Field(default=8, ge=1)
     alpha: int = Field(default=16, ge=1)

@@ -17,7 +17,7 @@ from .capture import capture
 from .config import LoRAConfig, SFTConfig, TrainConfig
 from .gather import gather_trajectory_groups
 from .model import TrainableModel
-from .trajectory import Trajectory, TrajectoryGroup
+from .trajectories import Trajectory, TrajectoryGroup
 
 # --- the task: a support agent with 4 tools; every request is about an order, which one tool can answer --------
 # Each name is ONE token of the tiny tokenizer, so the choice is one sampled token (multi-token names let RL mix

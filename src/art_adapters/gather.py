@@ -8,7 +8,7 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
-from .trajectory import RolloutError, Trajectory, TrajectoryGroup, exception_record
+from .trajectories import RolloutError, Trajectory, TrajectoryGroup, exception_record
 
 AfterEach = Callable[[TrajectoryGroup], "TrajectoryGroup | list[TrajectoryGroup] | None | Awaitable[Any]"]
 
@@ -17,7 +17,12 @@ class _Gather:
     """Shared state of one gather: the failure budget, the progress bar and the concurrency bound."""
 
     def __init__(
-        self, total: int, max_exceptions: int | float, pbar_desc: str | None, max_concurrent: int | None
+        self,
+        total: int,
+        max_exceptions: int | float,
+        pbar_desc: str | None,
+        max_concurrent: int | None,
+        max_metrics: int | None = 0,
     ):
         if max_exceptions < 0:
             raise ValueError(f"max_exceptions must be >= 0, not {max_exceptions}")
@@ -27,6 +32,9 @@ class _Gather:
         self.max_exceptions = max_exceptions
         self.failures = 0
         self.rewards: list[float] = []
+        self.max_metrics = max_metrics
+        self.metric_sums: dict[str, float] = {}
+        self.metric_counts: dict[str, int] = {}
         self.semaphore = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self.pbar: Any = None
         if pbar_desc is not None:
@@ -51,9 +59,19 @@ class _Gather:
     def done(self, trajectory: Trajectory | None) -> None:
         if trajectory is not None:
             self.rewards.append(trajectory.reward)
+            for key, value in trajectory.metrics.items():
+                if isinstance(value, int | float):
+                    self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
+                    self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
         if self.pbar is not None:
             mean = sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
-            self.pbar.set_postfix(reward=f"{mean:.3f}", exceptions=self.failures, refresh=False)
+            postfix = {"reward": f"{mean:.3f}", "exceptions": self.failures}
+            keys = list(self.metric_sums)
+            if self.max_metrics is not None:  # None: every metric; N: the first N seen
+                keys = keys[: self.max_metrics]
+            for key in keys:
+                postfix[key] = f"{self.metric_sums[key] / self.metric_counts[key]:.3g}"
+            self.pbar.set_postfix(postfix, refresh=False)
             self.pbar.update(1)
 
     def failed(self, error: Exception) -> None:
@@ -66,19 +84,30 @@ class _Gather:
             )
             raise error
 
-    async def rollout(self, awaitable: Awaitable[Trajectory]) -> Trajectory | dict[str, str]:
+    async def rollout(
+        self, awaitable: Awaitable[Any], *, many: bool = False
+    ) -> Trajectory | list[Trajectory] | BaseException:
+        """One rollout's result, or its exception (returned, once counted, while within the budget).
+
+        `many`: the awaitable may also give an iterable of Trajectories (ART's `gather_trajectories`)."""
         async with self.slot():
             try:
                 result = await awaitable
             except Exception as error:
                 self.failed(error)
-                return exception_record(error)
+                return error
         if isinstance(result, Trajectory):
             self.done(result)
             return result
+        if many and isinstance(result, Iterable) and not isinstance(result, str | bytes | dict):
+            items = list(result)
+            if all(isinstance(t, Trajectory) for t in items):
+                for t in items:
+                    self.done(t)
+                return items
         error = RolloutError(f"rollout returned {type(result).__name__}, not a Trajectory")
         self.failed(error)
-        return exception_record(error)
+        return error
 
     async def group(self, item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> TrajectoryGroup:
         if not isinstance(item, TrajectoryGroup):
@@ -93,7 +122,7 @@ class _Gather:
             if isinstance(result, Trajectory):
                 item.trajectories.append(result)
             else:
-                item.exceptions.append(result)
+                item.exceptions.append(exception_record(result))  # type: ignore[arg-type]
         return item
 
     def close(self) -> None:
@@ -120,6 +149,7 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
     max_concurrent: int | None = None,
+    max_metrics: int | None = 0,
     pbar_total_completion_tokens: bool = False,
 ) -> list[TrajectoryGroup]:
     """Run every group's rollouts concurrently and return the groups in input order.
@@ -128,11 +158,12 @@ async def gather_trajectory_groups(
     failures land in `group.exceptions`, one more re-raises that rollout's exception (the rest are cancelled).
     `after_each(group)` (sync or async) runs as each group finishes and returns the group to keep, a replacement
     (or a list of groups), or None to drop it. `max_concurrent` bounds the rollouts running at once.
-    `pbar_desc=None` hides the progress bar (running reward mean and exception count).
+    `pbar_desc=None` hides the progress bar (running reward mean and exception count, plus the means of the
+    first `max_metrics` trajectory metrics; None shows all of them).
     """
     items = list(groups)
     total = sum(len(g.pending) for g in items if isinstance(g, TrajectoryGroup))
-    context = _Gather(total, max_exceptions, pbar_desc, max_concurrent)
+    context = _Gather(total, max_exceptions, pbar_desc, max_concurrent, max_metrics)
 
     async def one(item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> list[TrajectoryGroup]:
         group = await context.group(item)
@@ -153,18 +184,71 @@ async def gather_trajectory_groups(
 
 
 async def gather_trajectories(
-    trajectories: Iterable[Awaitable[Trajectory]],
+    trajectories: Iterable[Awaitable[Trajectory] | Awaitable[Iterable[Trajectory]]],
     *,
     pbar_desc: str | None = "gather",
     max_exceptions: int | float = 0,
     max_concurrent: int | None = None,
-) -> list[Trajectory]:
-    """Run rollouts concurrently; the trajectories that succeeded, in input order (failures as in
-    `gather_trajectory_groups`)."""
+    pbar_total_completion_tokens: bool = False,
+) -> list[Any]:
+    """Run rollouts concurrently; their results in input order (ART's contract): a Trajectory, or a list of them
+    where a rollout returns several, and, within `max_exceptions` (as in `gather_trajectory_groups`), the
+    exception of each failed rollout in its place."""
     pending = list(trajectories)
     context = _Gather(len(pending), max_exceptions, pbar_desc, max_concurrent)
     try:
-        results = await _all(context.rollout(p) for p in pending)
+        return await _all(context.rollout(p, many=True) for p in pending)
     finally:
         context.close()
-    return [r for r in results if isinstance(r, Trajectory)]
+
+
+async def trajectory_group_batches(
+    groups: Iterable[TrajectoryGroup | Awaitable[TrajectoryGroup]],
+    *,
+    batch_size: int,
+    max_batch_exceptions: int | float = 0,
+    max_concurrent_batches: int = 4,
+    skip_batches: int = 0,
+    pbar_desc: str | None = "batches",
+    pbar_total_completion_tokens: bool = False,
+) -> AsyncIterator[list[TrajectoryGroup]]:
+    """Yield batches of `batch_size` finished groups as soon as they are done (the last may be smaller), keeping
+    `batch_size * max_concurrent_batches` groups in flight; `skip_batches` skips the first groups (resuming).
+    A group whose rollouts fail beyond `max_batch_exceptions` raises; a group that fails as a whole is dropped
+    while within it."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+    waiting = list(groups)[batch_size * skip_batches :]
+    total = sum(len(g.pending) for g in waiting if isinstance(g, TrajectoryGroup))
+    context = _Gather(total, max_batch_exceptions, pbar_desc, None)
+
+    async def one(item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> TrajectoryGroup | None:
+        if not isinstance(item, TrajectoryGroup):
+            try:
+                item = await item
+            except Exception as error:
+                context.failed(error)  # re-raises beyond the budget
+                return None
+        return await context.group(item)
+
+    running: set[asyncio.Task[TrajectoryGroup | None]] = set()
+    batch: list[TrajectoryGroup] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < batch_size * max_concurrent_batches:
+                running.add(asyncio.ensure_future(one(waiting.pop(0))))
+            finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                group = task.result()
+                if group is not None:
+                    batch.append(group)
+            while len(batch) >= batch_size:
+                yield batch[:batch_size]
+                batch = batch[batch_size:]
+        if batch:
+            yield batch
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        context.close()

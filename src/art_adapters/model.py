@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from .config import LoRAConfig, SFTConfig, TrainConfig
-from .trajectory import Trajectory, TrajectoryGroup
+from .trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     import openai
@@ -16,6 +19,18 @@ if TYPE_CHECKING:
     from .backend.base import Backend, InferenceEndpoint
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# What a model may ask of its inference server (engine flags and environment are the server operator's).
+MODEL_INFERENCE_FIELDS = frozenset(
+    {
+        "max_model_len",
+        "max_num_seqs",
+        "gpu_memory_utilization",
+        "enforce_eager",
+        "enable_sleep_mode",
+        "max_lora_rank",
+        "max_loras",
+    }
+)
 
 
 def check_name(kind: str, value: str) -> str:
@@ -25,17 +40,22 @@ def check_name(kind: str, value: str) -> str:
 
 
 class Model(BaseModel):
-    """A model behind any OpenAI-compatible endpoint. Rollouts can use it; it is not trained."""
+    """A model behind any OpenAI-compatible endpoint. Rollouts can use it and `log` records them; not trained."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     name: str
     project: str = "default"
+    entity: str | None = None
+    id: str | None = None
+    run_id: str | None = None
+    config: Any = None
     inference_base_url: str | None = None
     inference_api_key: str | None = None
     inference_model_name: str | None = None
+    base_path: str = ".art"
+    report_metrics: list[str] | None = None
     trainable: bool = False
-    config: dict[str, Any] = Field(default_factory=dict)
 
     _backend: Backend | None = PrivateAttr(default=None)
     _endpoint: InferenceEndpoint | None = PrivateAttr(default=None)
@@ -52,10 +72,12 @@ class Model(BaseModel):
         self._endpoint = await backend.register(self)
         self.inference_base_url = self._endpoint.base_url
         self.inference_api_key = self._endpoint.api_key
+        if self.trainable:
+            self.inference_model_name = self._endpoint.model_name
         self._client = None
 
-    @property
     def backend(self) -> Backend:
+        """The backend this model is registered with (ART's method)."""
         if self._backend is None:
             raise RuntimeError(
                 f"model {self.name!r} is not registered: call `await model.register(backend)` first"
@@ -83,33 +105,125 @@ class Model(BaseModel):
             )
         return self._client
 
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for `litellm.acompletion(...)` that reach this model (ART's helper)."""
+        name = self.get_inference_name(step)
+        return {
+            "model": f"hosted_vllm/{name}" if self.trainable else name,
+            "base_url": self.inference_base_url,
+            "api_key": self.inference_api_key,
+            "temperature": 1,
+        }
+
+    async def get_step(self) -> int:
+        """The model's training step (0 for a model that is not trained)."""
+        return 0
+
+    async def log(
+        self,
+        trajectories: Iterable[Trajectory | BaseException] | Iterable[TrajectoryGroup] | None = None,
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """Record trajectories (written to `trajectories/{split}/{step:04d}.jsonl`) and/or metrics (a row of
+        `history.jsonl`, keys prefixed `{split}/`) at `step` (default: the current step). Returns the row's metrics."""
+        groups = as_groups(trajectories)
+        if self._backend is not None:
+            return await self._backend.log(self, groups, split, metrics=metrics, step=step)  # type: ignore[arg-type]
+        from .backend.metrics import record_log
+        from .training.checkpoints import model_dir
+
+        at = step if step is not None else await self.get_step()
+        directory = model_dir(self.project, self.name, self.base_path)
+        return await asyncio.to_thread(record_log, directory, groups, split, at, metrics)
+
+
+def as_groups(items: Iterable[Any] | None) -> list[TrajectoryGroup]:
+    """ART's `log` input (groups, or trajectories and exceptions) as a list of groups."""
+    items = list(items or [])
+    if all(isinstance(i, TrajectoryGroup) for i in items):
+        return items
+    if any(isinstance(i, TrajectoryGroup) for i in items):
+        raise TypeError("log() takes trajectory groups or trajectories, not a mix of both")
+    return [TrajectoryGroup(items)] if items else []
+
 
 class TrainableModel(Model):
     """A model whose LoRA adapter a Backend trains; `name` always serves its latest step."""
 
     base_model: str
     trainable: bool = True
-    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, validation_alias=AliasChoices("lora", "lora_config"))
     inference: dict[str, Any] = Field(
-        default_factory=dict, description="InferenceConfig fields for the server."
+        default_factory=dict,
+        description=f"Inference-server settings this model asks for: {sorted(MODEL_INFERENCE_FIELDS)}.",
     )
+    _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def __init__(self, **data: Any) -> None:
+        internal = data.pop("_internal_config", None)
+        super().__init__(**data)
+        if internal is not None:
+            self._internal_config = dict(internal)
+
+    @field_validator("inference")
+    @classmethod
+    def _inference_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - MODEL_INFERENCE_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"inference settings {unknown} cannot be chosen by a model (allowed: {sorted(MODEL_INFERENCE_FIELDS)}); "
+                "engine arguments and environment are the backend's: LocalBackend(inference=InferenceConfig(...))"
+            )
+        return value
+
+    def inference_settings(self) -> dict[str, Any]:
+        """The inference settings asked for: `_internal_config.engine_args` (ART), then `inference`."""
+        from .compat import internal_settings
+
+        engine, _ = internal_settings(self._internal_config)
+        return self._inference_fields({**engine, **self.inference})
+
+    def train_defaults(self, config: TrainConfig | None) -> TrainConfig:
+        """`config` with the fields it leaves unset taken from `_internal_config` (init_args, trainer_args)."""
+        from .compat import internal_settings
+
+        config = config or TrainConfig()
+        _, defaults = internal_settings(self._internal_config)
+        unset = {k: v for k, v in defaults.items() if k not in config.model_fields_set}
+        return config.model_copy(update=unset) if unset else config
 
     def get_inference_name(self, step: int | None = None) -> str:
-        return self.name if step is None else f"{self.name}@{step}"
+        base = self.inference_model_name or self.name
+        return base if step is None else f"{base}@{step}"
+
+    async def register(self, backend: Backend, _openai_client_config: dict[str, Any] | None = None) -> None:
+        from .compat import check_openai_client_config
+
+        check_openai_client_config(_openai_client_config)
+        self.inference_settings()  # an unsupported _internal_config fails here, before any server starts
+        await super().register(backend)
 
     async def get_step(self) -> int:
-        return await self.backend.get_step(self)
+        return await self.backend().get_step(self)
 
     async def train(
         self,
-        trajectory_groups: list[TrajectoryGroup],
+        trajectory_groups: Iterable[TrajectoryGroup],
         config: TrainConfig | None = None,
-        *,
+        _config: dict[str, Any] | None = None,
         verbose: bool = False,
     ) -> dict[str, Any]:
-        """One GRPO step on the groups; the new adapter is served when this returns. Returns the step's metrics."""
+        """One GRPO step on the groups; the new adapter is served when this returns. Returns the step's metrics.
+
+        `_config`: ART's `art.dev.TrainConfig` knobs, mapped onto `config` (see `art_adapters.compat`)."""
+        from .compat import train_config
+
+        settings = train_config(self.train_defaults(config), _config, where="model.train(_config=...)")
         result: dict[str, Any] = {}
-        async for event in self.backend.train(self, list(trajectory_groups), config or TrainConfig()):
+        async for event in self.backend().train_events(self, list(trajectory_groups), settings):
             if verbose and event.get("event") != "done":
                 print(event)
             if event.get("event") == "done":
@@ -117,21 +231,33 @@ class TrainableModel(Model):
         return result
 
     async def train_sft(
-        self, trajectories: list[Trajectory], config: SFTConfig | None = None
+        self,
+        trajectories: Iterable[Trajectory],
+        config: SFTConfig | None = None,
+        _config: dict[str, Any] | None = None,
+        verbose: bool = False,
     ) -> dict[str, Any]:
         """Supervised steps on the assistant turns of the trajectories (a warm start)."""
+        from .compat import sft_config
+
+        settings = sft_config(config, _config)
         result: dict[str, Any] = {}
-        async for event in self.backend.train_sft(self, list(trajectories), config or SFTConfig()):
+        async for event in self.backend().train_sft_events(self, list(trajectories), settings):
+            if verbose and event.get("event") != "done":
+                print(event)
             if event.get("event") == "done":
                 result = event.get("metrics", {})
         return result
 
-    async def log(
-        self, trajectories: list[TrajectoryGroup] | list[Trajectory], split: str = "val"
-    ) -> dict[str, float]:
-        """Record evaluation rollouts at the current step (e.g. `val/reward_mean` for `delete_checkpoints`)."""
-        groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in trajectories]
-        return await self.backend.log(self, groups, split)
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Delete every checkpoint but the latest and the best by the metric; returns the deleted steps."""
+        return await self.backend().delete_checkpoints(self, best_checkpoint_metric)
 
-    async def delete_checkpoints(self, best_checkpoint_metric: str | None = None) -> list[int]:
-        return await self.backend.delete_checkpoints(self, best_checkpoint_metric)
+    def output_dir(self) -> Path:
+        """`{base_path}/{project}/models/{name}` (ART's layout; the backend's path when it is local)."""
+        backend = self._backend
+        if backend is not None and hasattr(backend, "model_dir"):
+            return Path(backend.model_dir(self))
+        from .training.checkpoints import model_dir
+
+        return model_dir(self.project, self.name, self.base_path)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from .backend.base import InferenceEndpoint
 from .model import Model, TrainableModel
-from .trajectory import RolloutError, Trajectory, TrajectoryGroup, exception_record
+from .trajectories import PydanticException, RolloutError, Trajectory, TrajectoryGroup, exception_record
 
 S = TypeVar("S")
 RolloutFn = Callable[[Model, Any], Awaitable[Trajectory]]
@@ -65,12 +65,12 @@ def run_rollouts(
         try:
             result = await rollout_fn(model, scenario)
         except Exception as error:
-            return {"error": exception_record(error)}
+            return {"error": exception_record(error).model_dump()}
         if not isinstance(result, Trajectory):
             return {
                 "error": exception_record(
                     TypeError(f"rollout returned {type(result).__name__}, not a Trajectory")
-                )
+                ).model_dump()
             }
         return {"trajectory": result.model_dump_json()}
 
@@ -131,7 +131,7 @@ async def gather_on_ray(
         try:
             results = await task.remote(rollout_fn, spec, items[index], count)
         except Exception as error:  # the task itself failed (worker died, scenario not picklable, ...)
-            results = [{"error": exception_record(error)}] * count
+            results = [{"error": exception_record(error).model_dump()}] * count
         finally:
             if bound is not None:
                 bound.release()
@@ -150,14 +150,14 @@ async def gather_on_ray(
             if "trajectory" in result:
                 groups[index].trajectories.append(Trajectory.model_validate_json(result["trajectory"]))
             else:
-                groups[index].exceptions.append(result["error"])
+                groups[index].exceptions.append(PydanticException.model_validate(result["error"]))
     failures = [e for g in groups for e in g.exceptions]
     allowed = max_exceptions * total if 0 < max_exceptions < 1 else max_exceptions
     if len(failures) > allowed:
         first = failures[0]
         raise RolloutError(
             f"{len(failures)} of {total} rollouts failed on Ray, more than max_exceptions={max_exceptions}; "
-            f"first: {first['type']}: {first['message']}\n{first.get('traceback', '')}"
+            f"first: {first.type}: {first.message}\n{first.traceback}"
         )
     return groups
 

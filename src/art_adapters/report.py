@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._report_assets import CSS, SCRIPT
-from .trajectory import LLMCall, Trajectory
+from .trajectories import LLMCall, Trajectory
 
 MAIN_CURVES = (("reward_mean", "reward"), ("loss", "loss"), ("kl", "KL"))
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2", "#4b5563")

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import httpx
 
 from ..capture import AsyncRecordingTransport, RecordingTransport, capture
-from ..trajectory import Trajectory
+from ..trajectories import Trajectory
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -146,7 +146,7 @@ def scope(
     request_token_ids: bool | None = None,
     endpoints: tuple[str, ...] = (),
     trajectory: Trajectory | None = None,
-    main: Literal["last", "most_calls"] = "most_calls",
+    main: Literal["first", "last", "most_calls"] = "most_calls",
 ) -> Iterator[Trajectory]:
     """A capture scope plus the route: every matching call made in this context is recorded into the Trajectory.
 

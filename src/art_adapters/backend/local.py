@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import SFTConfig, TrainConfig
 from ..model import Model, TrainableModel, check_name
-from ..trajectory import Trajectory, TrajectoryGroup
-from .base import InferenceEndpoint
-from .metrics import all_trajectories, best_step, rollout_metrics
+from ..trajectories import Trajectory, TrajectoryGroup
+from .base import ARTTraining, InferenceEndpoint
+from .metrics import all_trajectories, best_step, record_log, rollout_metrics
 
 if TYPE_CHECKING:
     from ..inference import InferenceConfig, VLLMServer
@@ -37,8 +37,10 @@ class _Registered:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class LocalBackend:
-    """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`)."""
+class LocalBackend(ARTTraining):
+    """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`).
+
+    Use it as is, or as a context manager (`with` / `async with`) that stops its servers on exit."""
 
     def __init__(self, path: str | Path = ".art", *, inference: InferenceConfig | None = None) -> None:
         self.path = Path(path).resolve()
@@ -132,10 +134,13 @@ class LocalBackend:
 
         return checkpoints.latest_step(self.model_dir(model))
 
-    async def train(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    async def train_events(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig, *, record: bool = True
     ) -> AsyncIterator[dict[str, Any]]:
-        """One GRPO step: train, save `checkpoints/{step+1:04d}` atomically, hot-load it, record metrics."""
+        """One GRPO step: train, save `checkpoints/{step+1:04d}` atomically, hot-load it, record metrics.
+
+        A step that trains nothing (every group's rewards equal, say) still advances: the new checkpoint is a
+        copy of the last one, as in ART."""
         from ..training import checkpoints
 
         state = self._registered(model)
@@ -145,19 +150,21 @@ class LocalBackend:
             yield {"event": "started", "step": step, "groups": len(groups)}
             metrics = await self._run_trainer(state, lambda trainer: trainer.train_step(groups, config))
             yield {"event": "trained", "step": step, "loss": metrics.get("loss")}
-            await self._save_and_serve(state)
+            await self._save_and_serve(state, unchanged="skipped_reason" in metrics)
             metrics.update(rollout_metrics(groups))
             metrics["step_seconds"] = time.perf_counter() - started
-            checkpoints.write_trajectories(state.directory, "train", step, all_trajectories(groups))
-            # ART's convention: rows and trajectory files carry the step the rollouts were sampled from.
-            checkpoints.append_history(state.directory, {**metrics, "step": step, "split": "train"})
+            if record:
+                checkpoints.write_trajectories(state.directory, "train", step, all_trajectories(groups))
+                # ART's convention: rows and trajectory files carry the step the rollouts were sampled from.
+                checkpoints.append_history(state.directory, {**metrics, "step": step, "split": "train"})
             if "skipped_reason" in metrics:
                 log.warning(
                     "model %s step %d trained nothing: %s", model.name, step, metrics["skipped_reason"]
                 )
-            yield {"event": "done", "step": state.step, "metrics": metrics}
+            path = checkpoints.checkpoint_dir(state.directory, state.step)
+            yield {"event": "done", "step": state.step, "metrics": metrics, "checkpoint_path": str(path)}
 
-    async def train_sft(
+    async def train_sft_events(
         self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
     ) -> AsyncIterator[dict[str, Any]]:
         """Supervised steps on the trajectories' assistant turns, saved and served as one new step."""
@@ -178,7 +185,9 @@ class LocalBackend:
             losses: list[float] = []
             tokens = 0
             for i, batch in enumerate(batches):
-                part = await self._run_trainer(state, lambda t, b=batch: t.sft_step(b, config))  # type: ignore[misc]
+                rate = config.rate(i, len(batches))
+                settings = config.model_copy(update={"learning_rate": rate})
+                part = await self._run_trainer(state, lambda t, b=batch, c=settings: t.sft_step(b, c))  # type: ignore[misc]
                 losses.append(float(part.get("loss", 0.0)))
                 tokens += int(part.get("trained_tokens", 0))
                 yield {"event": "batch", "step": step, "batch": i + 1, "of": len(batches), "loss": losses[-1]}
@@ -197,26 +206,20 @@ class LocalBackend:
             yield {"event": "done", "step": state.step, "metrics": metrics}
 
     async def log(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str = "val"
+        self,
+        model: Model,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
     ) -> dict[str, float]:
-        """Record evaluation groups at the current step: trajectories/{split}/{step}.jsonl and `{split}/...` metrics."""
-        from ..training import checkpoints
-
+        """Record groups and metrics at `step` (default: the current one): trajectories/{split}/{step}.jsonl and a
+        history row of `{split}/...` metrics (`{split}/reward` for `best_checkpoint_metric="val/reward"`)."""
         check_name("split", split)
-        step = await self.get_step(model)
-        directory = self.model_dir(model)
-        path = checkpoints.trajectories_path(directory, split, step)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:  # several log() calls at one step add up
-            for trajectory in all_trajectories(groups):
-                f.write(trajectory.model_dump_json() + "\n")
-        rollout = rollout_metrics(groups)
-        metrics = {f"{split}/{key}": value for key, value in rollout.items()}
-        metrics[f"{split}/reward"] = rollout[
-            "reward_mean"
-        ]  # ART's name (best_checkpoint_metric="val/reward")
-        checkpoints.append_history(directory, {"step": step, "split": split, **metrics})
-        return metrics
+        if step is None:
+            step = await self.get_step(model) if isinstance(model, TrainableModel) else 0
+        return await asyncio.to_thread(record_log, self.model_dir(model), groups, split, step, metrics)
 
     async def delete_checkpoints(
         self, model: TrainableModel, best_checkpoint_metric: str | None = None
@@ -256,6 +259,18 @@ class LocalBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the servers this backend started (synchronously; usable with no event loop running)."""
+        owned, self._owned = self._owned, []
+        for server in owned:
+            server.kill_now()
+            server.process = None
+        self._servers = {k: s for k, s in self._servers.items() if s not in owned}
+        self._models.clear()
+
     # ------------------------------------------------------------------ for tests and checks
     async def trainer(self, model: TrainableModel) -> Trainer:
         """The model's trainer (loaded from its latest checkpoint when needed)."""
@@ -291,9 +306,10 @@ class LocalBackend:
         from ..inference import InferenceConfig
 
         config = self.inference or InferenceConfig()
-        if model.inference:
-            config = config.model_copy(update=model.inference)
-        explicit = "max_lora_rank" in config.model_fields_set or "max_lora_rank" in model.inference
+        asked = model.inference_settings()  # only fields a model may choose (no engine flags, no environment)
+        if asked:
+            config = InferenceConfig.model_validate({**config.model_dump(exclude_unset=True), **asked})
+        explicit = "max_lora_rank" in config.model_fields_set
         if config.max_lora_rank < rank:
             if explicit:
                 raise ValueError(
@@ -341,7 +357,8 @@ class LocalBackend:
         finally:
             await state.server.wake_up()
 
-    async def _save_and_serve(self, state: _Registered) -> None:
+    async def _save_and_serve(self, state: _Registered, *, unchanged: bool = False) -> None:
+        """Save the trainer's new step (a copy of the last checkpoint when the weights are `unchanged`), serve it."""
         from ..training import checkpoints
 
         trainer = state.trainer
@@ -351,7 +368,10 @@ class LocalBackend:
             raise RuntimeError(
                 f"trainer is at step {trainer.step}, expected {state.step + 1}; reload from disk"
             )
-        await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
+        if unchanged and state.step in checkpoints.list_steps(state.directory):
+            await asyncio.to_thread(checkpoints.copy_checkpoint, state.directory, state.step, trainer.step)
+        else:
+            await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
         state.step = trainer.step
         await self._serve(state, state.step)
 

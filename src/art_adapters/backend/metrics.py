@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from ..trajectory import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup
 
 
 def all_trajectories(groups: list[TrajectoryGroup]) -> list[Trajectory]:
@@ -46,3 +47,35 @@ def best_step(history: list[dict[str, Any]], metric: str, steps: set[int]) -> in
         if isinstance(value, int | float) and step in steps and (best is None or value > best[0]):
             best = (float(value), int(step))
     return best[1] if best else None
+
+
+def record_log(
+    directory: str | Path,
+    groups: list[TrajectoryGroup],
+    split: str,
+    step: int,
+    metrics: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """`model.log`'s record at `step`: the groups' trajectories appended to `trajectories/{split}/{step:04d}.jsonl`
+    and one `history.jsonl` row of their `{split}/...` rollout metrics (`{split}/reward` is ART's name for the
+    mean) plus `metrics`, prefixed `{split}/` unless they already name a section. Returns the row's metrics."""
+    from ..model import check_name
+    from ..training import checkpoints
+
+    check_name("split", split)
+    row: dict[str, float] = {}
+    trajectories = all_trajectories(groups)
+    if groups:
+        path = checkpoints.trajectories_path(directory, split, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:  # several log() calls at one step add up
+            for trajectory in trajectories:
+                f.write(trajectory.model_dump_json() + "\n")
+        rollout = rollout_metrics(groups)
+        row = {f"{split}/{key}": value for key, value in rollout.items()}
+        row[f"{split}/reward"] = rollout["reward_mean"]
+    for key, value in (metrics or {}).items():
+        row[key if "/" in key else f"{split}/{key}"] = value
+    if row:
+        checkpoints.append_history(directory, {"step": step, "split": split, **row})
+    return row

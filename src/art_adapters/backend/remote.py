@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from .base import InferenceEndpoint
+from .base import ARTTraining, InferenceEndpoint
 
 if TYPE_CHECKING:
     from ..config import SFTConfig, TrainConfig
     from ..model import Model, TrainableModel
-    from ..trajectory import Trajectory, TrajectoryGroup
+    from ..trajectories import Trajectory, TrajectoryGroup
 
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
 
@@ -30,7 +30,7 @@ class RemoteBackendError(RuntimeError):
         self.detail = detail
 
 
-class RemoteBackend:
+class RemoteBackend(ARTTraining):
     """A Backend served by `art-adapters serve` at `base_url`; inference goes through the same URL (`/v1`).
 
     `api_key` defaults to the env var ART_ADAPTERS_API_KEY. `timeout_s` bounds each plain call and the silence
@@ -86,18 +86,19 @@ class RemoteBackend:
     async def get_step(self, model: TrainableModel) -> int:
         return int((await self._post("/models/step", {"model": _payload(model)}))["step"])
 
-    async def train(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    async def train_events(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig, *, record: bool = True
     ) -> AsyncIterator[dict[str, Any]]:
         body = {
             "model": _payload(model),
             "groups": [group.model_dump(mode="json") for group in groups],
             "config": config.model_dump(mode="json"),
+            "record": record,
         }
         async for event in self._progress("/models/train", body, f"train of model {model.name!r}"):
             yield event
 
-    async def train_sft(
+    async def train_sft_events(
         self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
     ) -> AsyncIterator[dict[str, Any]]:
         body = {
@@ -109,12 +110,20 @@ class RemoteBackend:
             yield event
 
     async def log(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str = "val"
+        self,
+        model: Model,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
     ) -> dict[str, float]:
         body = {
             "model": _payload(model),
             "groups": [g.model_dump(mode="json") for g in groups],
             "split": split,
+            "metrics": metrics or {},
+            "step": step,
         }
         return dict((await self._post("/models/log", body))["metrics"])
 

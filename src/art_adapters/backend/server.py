@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from ..config import SFTConfig, TrainConfig
 from ..model import Model, TrainableModel
-from ..trajectory import MetadataValue, Trajectory, TrajectoryGroup
+from ..trajectories import MetadataValue, PydanticException, Trajectory, TrajectoryGroup
 from .base import Backend, InferenceEndpoint
 from .proxy import Guard, InferenceProxy
 
@@ -54,11 +54,19 @@ class GroupPayload(BaseModel):
     """A TrajectoryGroup on the wire, validated strictly (trajectories must be a list of Trajectory objects)."""
 
     trajectories: list[Trajectory]
-    exceptions: list[dict[str, str]] = Field(default_factory=list)
+    exceptions: list[PydanticException] = Field(default_factory=list)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
 
     def group(self) -> TrajectoryGroup:
-        return TrajectoryGroup(self.trajectories, exceptions=self.exceptions, metadata=self.metadata)
+        return TrajectoryGroup(
+            self.trajectories,
+            exceptions=self.exceptions,
+            metadata=self.metadata,
+            metrics=self.metrics,
+            logs=self.logs,
+        )
 
 
 class ModelRequest(BaseModel):
@@ -68,6 +76,7 @@ class ModelRequest(BaseModel):
 class TrainRequest(ModelRequest):
     groups: list[GroupPayload]
     config: TrainConfig = Field(default_factory=TrainConfig)
+    record: bool = True
 
 
 class SFTRequest(ModelRequest):
@@ -75,9 +84,12 @@ class SFTRequest(ModelRequest):
     config: SFTConfig = Field(default_factory=SFTConfig)
 
 
-class LogRequest(ModelRequest):
+class LogRequest(BaseModel):
+    model: AnyModel
     groups: list[GroupPayload]
     split: str = Field(default="val", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    metrics: dict[str, float] = Field(default_factory=dict)
+    step: int | None = Field(default=None, ge=0)
 
 
 class DeleteRequest(ModelRequest):
@@ -177,7 +189,7 @@ def create_app(
         return _progress(
             state,
             model,
-            lambda: backend.train(model, [g.group() for g in body.groups], body.config),
+            lambda: backend.train_events(model, [g.group() for g in body.groups], body.config, record=body.record),
             heartbeat_s,
         )
 
@@ -185,13 +197,19 @@ def create_app(
     async def train_sft(body: SFTRequest) -> StreamingResponse:
         model = await _checked(state.model(body.model))
         return _progress(
-            state, model, lambda: backend.train_sft(model, body.trajectories, body.config), heartbeat_s
+            state, model, lambda: backend.train_sft_events(model, body.trajectories, body.config), heartbeat_s
         )
 
     @app.post("/models/log")
     async def log_groups(body: LogRequest) -> dict[str, Any]:
-        model = await _checked(state.model(body.model))
-        return {"metrics": await _checked(backend.log(model, [g.group() for g in body.groups], body.split))}
+        model = body.model
+        if isinstance(model, TrainableModel):
+            model = await _checked(state.model(model))
+        groups = [g.group() for g in body.groups]
+        metrics = await _checked(
+            backend.log(model, groups, body.split, metrics=body.metrics or None, step=body.step)
+        )
+        return {"metrics": metrics}
 
     @app.post("/models/delete_checkpoints")
     async def delete_checkpoints(body: DeleteRequest) -> dict[str, list[int]]:

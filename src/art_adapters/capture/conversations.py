@@ -11,7 +11,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
-from ..trajectory import LLMCall, Message, MessageOrChoice, Tools
+from ..trajectories import LLMCall, Message, MessageOrChoice, Tools
 
 Key = tuple[Any, ...]
 
@@ -132,11 +132,14 @@ def split_conversations(calls: list[LLMCall]) -> list[Conversation]:
 
 
 def main_index(conversations: list[Conversation], calls: list[LLMCall], policy: str = "last") -> int:
-    """The main conversation: the one holding the last answered call ("last"), or the one with most calls."""
+    """The main conversation: the one holding the last answered call ("last"), the one with most calls, or the
+    one the first call opened ("first", ART's auto-capture rule)."""
+    if policy == "first":
+        return 0
     if policy == "most_calls":
         return max(range(len(conversations)), key=lambda i: (len(conversations[i].calls), i))
     if policy != "last":
-        raise ValueError(f"main must be 'last' or 'most_calls', not {policy!r}")
+        raise ValueError(f"main must be 'first', 'last' or 'most_calls', not {policy!r}")
     owner = {id(call): i for i, conv in enumerate(conversations) for call in conv.calls}
     for call in reversed(calls):
         if id(call) in owner:

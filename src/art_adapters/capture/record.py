@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from ..trajectory import LLMCall, SampledChoice, Trajectory
+from ..trajectories import LLMCall, SampledChoice, Trajectory
 from .sse import parse_events, reassemble
 
 try:  # optional: ~3x faster parsing on the recording path; same values, ValueError on bad JSON
@@ -83,7 +83,7 @@ class Exchange:
         fields: dict[str, Any] = {}
         if self.status is not None:
             if body is None:
-                body, message = self._parse(message, early)
+                body, message = self._parse(message, early, bool(request.get("stream")))
             if body is not None:
                 fields = body_fields(body)
         call = LLMCall(
@@ -99,8 +99,11 @@ class Exchange:
         )
         _insert(self.trajectory.llm_calls, call)
 
-    def _parse(self, error: str | None, early: bool) -> tuple[dict[str, Any] | None, str | None]:
-        """The completion body (a stream reassembled) and the error, if any."""
+    def _parse(
+        self, error: str | None, early: bool, streamed: bool
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """The completion body (a stream reassembled) and the error, if any. A stream is recognised by the
+        request's `stream` (as the openai SDK decides), or by the answer's content type."""
         raw = b"".join(self.chunks)
         headers = self.headers if self.headers is not None else httpx.Headers()
         if not self.decoded:
@@ -109,7 +112,7 @@ class Exchange:
         if status >= 400:
             text = raw.decode("utf-8", errors="replace")
             return None, error or f"HTTP {status}: {text[:2000]}"
-        if "text/event-stream" in headers.get("content-type", ""):
+        if streamed or "text/event-stream" in headers.get("content-type", ""):
             events, done, stream_error = parse_events(raw)
             if error is None and not done:
                 error = stream_error or (

@@ -5,14 +5,18 @@ from __future__ import annotations
 from contextvars import ContextVar, Token
 from types import TracebackType
 
-from ..trajectory import Trajectory
+from ..trajectories import Trajectory
 
 CURRENT: ContextVar[Trajectory | None] = ContextVar("art_adapters_capture", default=None)
 
 
-def current_trajectory() -> Trajectory | None:
-    """The Trajectory of the innermost open `capture()` scope in this context, or None."""
-    return CURRENT.get()
+def current_trajectory(*, required: bool = False) -> Trajectory | None:
+    """The Trajectory of the innermost open scope in this context (`capture()`, `wrap_rollout`, `with
+    art.Trajectory()`); None outside any, or RuntimeError with `required=True`."""
+    trajectory = CURRENT.get()
+    if trajectory is None and required:
+        raise RuntimeError("no trajectory scope is open here: use `with art.Trajectory():` or art.trajectory(...)")
+    return trajectory
 
 
 class capture:  # noqa: N801 - used like a function: `with capture() as trajectory:`

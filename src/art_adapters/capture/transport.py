@@ -88,8 +88,16 @@ def _annotated(response: httpx.Response, raw: bytes, exchange: Exchange | None) 
     )
 
 
-def _wants_annotation(response: httpx.Response) -> bool:
-    return response.status_code < 300 and "text/event-stream" not in response.headers.get("content-type", "")
+def _wants_annotation(response: httpx.Response, payload: dict[str, Any] | None, body: bytes) -> bool:
+    """A JSON answer to a non-streamed request (a stream is never buffered, whatever its content type)."""
+    if response.status_code >= 300 or "text/event-stream" in response.headers.get("content-type", ""):
+        return False
+    if payload is None:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return False
+    return not (isinstance(payload, dict) and payload.get("stream"))
 
 
 class _Options:
@@ -144,7 +152,7 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
             if exchange is not None:
                 exchange.finish(error)
             raise
-        if options.annotate_choices and kind == "chat" and _wants_annotation(response):
+        if options.annotate_choices and kind == "chat" and _wants_annotation(response, payload, body):
             try:
                 raw = b"".join(response.stream)
             except Exception as error:
@@ -207,7 +215,7 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
             if exchange is not None:
                 exchange.finish(error)
             raise
-        if options.annotate_choices and kind == "chat" and _wants_annotation(response):
+        if options.annotate_choices and kind == "chat" and _wants_annotation(response, payload, body):
             try:
                 raw = b"".join([chunk async for chunk in response.stream])  # type: ignore[union-attr]
             except Exception as error:

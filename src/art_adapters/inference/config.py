@@ -30,6 +30,8 @@ class InferenceConfig(BaseModel):
     dtype: str = Field("auto", description="'auto' → float32 when the checkpoint is fp32 on CPU.")
     max_lora_rank: int = Field(16, gt=0)
     max_loras: int = Field(4, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0, description="vLLM's --max-num-seqs (None: vLLM's default).")
+    enforce_eager: bool = Field(False, description="vLLM's --enforce-eager (no CUDA graphs).")
     gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="CUDA only.")
     enable_sleep_mode: bool | None = Field(None, description="CUDA only; None → True on CUDA, False on CPU.")
     logprobs_mode: LogprobsMode = Field(

@@ -133,6 +133,10 @@ class VLLMServer:
             # Guided JSON without free whitespace: small models otherwise emit whitespace until max_tokens.
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
         ]  # fmt: skip
+        if cfg.max_num_seqs is not None:
+            args += ["--max-num-seqs", str(cfg.max_num_seqs)]
+        if cfg.enforce_eager:
+            args.append("--enforce-eager")
         if self.on_cuda:
             args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
             if cfg.sleep_mode_enabled(True):

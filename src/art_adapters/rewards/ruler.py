@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Sequence
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import openai
 from pydantic import BaseModel, Field
 
-from ..capture.scope import CURRENT
-from ..trajectory import Message, Trajectory, TrajectoryGroup
+from ..trajectories import Message, Trajectory, TrajectoryGroup
 from .helpers import common_prefix_length, extract_json, render_messages
+from .judge import resolve_judge
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -159,24 +160,6 @@ def parse_scores(content: str | None, ids: Sequence[str]) -> list[TrajectoryScor
     return [by_id[tid] for tid in ids]
 
 
-def _resolve_judge(
-    judge_model: str | Model, client: openai.AsyncOpenAI | None
-) -> tuple[openai.AsyncOpenAI, str]:
-    if isinstance(judge_model, str):
-        if client is None:
-            return openai.AsyncOpenAI(), judge_model.removeprefix("openai/")  # ART's LiteLLM-style names
-        return client, judge_model
-    return client or judge_model.openai_client(), judge_model.get_inference_name()
-
-
-async def _create(client: openai.AsyncOpenAI, kwargs: dict[str, Any]) -> Any:
-    token = CURRENT.set(None)  # the judge's own call is never recorded into a rollout's trajectory
-    try:
-        return await client.chat.completions.create(**kwargs)
-    finally:
-        CURRENT.reset(token)
-
-
 _RETRYABLE = (
     openai.APIConnectionError,
     openai.InternalServerError,
@@ -190,6 +173,7 @@ async def judge_scores(
     judge_model: str | Model,
     *,
     client: openai.AsyncOpenAI | None = None,
+    extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = None,
     tools: list[dict[str, Any]] | None = None,
     max_retries: int = 3,
@@ -201,11 +185,14 @@ async def judge_scores(
     retry_delay: float = 0.5,
 ) -> list[TrajectoryScore]:
     """Ask the judge once about all conversations; retry bad answers and transient errors, else RulerError."""
-    client, model = _resolve_judge(judge_model, client)
-    client = client.with_options(max_retries=0)  # this loop owns the retries
+    try:
+        judge = resolve_judge(judge_model, client, extra_litellm_params)
+    except RuntimeError as error:
+        raise RulerError(str(error)) from error
+    model = judge.name
     ids = [str(i) for i in range(1, len(conversations) + 1)]
     base = judge_messages(conversations, rubric, tools)
-    endpoint = (str(client.base_url), model)
+    endpoint = judge.endpoint
     schema = {
         "type": "json_schema",
         "json_schema": {
@@ -221,7 +208,7 @@ async def judge_scores(
     messages = base
     failures = 0
     while True:
-        kwargs: dict[str, Any] = {"model": model, "messages": messages}
+        kwargs: dict[str, Any] = {"messages": messages}
         if temperature is not None:  # None: the judge's default (some reasoning models accept no other)
             kwargs["temperature"] = temperature
         if max_tokens is not None:
@@ -231,7 +218,7 @@ async def judge_scores(
         if use_schema:
             kwargs["response_format"] = schema
         try:
-            response = await _create(client, kwargs)
+            content = await judge.complete(kwargs)
         except openai.BadRequestError as error:
             if use_schema:
                 log.info("judge %s rejected response_format (%s); asking without it", model, error)
@@ -243,8 +230,6 @@ async def judge_scores(
         except openai.APIError as error:
             raise RulerError(f"judge {model!r} request failed: {error}") from error
         else:
-            choice = response.choices[0] if response.choices else None
-            content = choice.message.content if choice else None
             try:
                 scores = parse_scores(content, ids)
             except _BadAnswer as error:
@@ -279,6 +264,27 @@ def _shared_tools(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]] | 
     return tools[0] if tools and all(t == tools[0] for t in tools) else None
 
 
+async def _unique_scores(
+    conversations: Sequence[Sequence[Message]], judge_model: str | Model, debug: bool, **options: Any
+) -> list[TrajectoryScore]:
+    """Scores aligned with `conversations` (ids "1".."n" in input order); identical conversations are judged
+    once and share their score."""
+    keys = [json.dumps(list(c), sort_keys=True, default=str) for c in conversations]
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    unique = list(first.values())
+    verdicts = await judge_scores([conversations[i] for i in unique], judge_model, **options)
+    by_key = {keys[i]: verdict for i, verdict in zip(unique, verdicts, strict=True)}
+    scores = [by_key[key].model_copy(update={"trajectory_id": str(i)}) for i, key in enumerate(keys, start=1)]
+    if debug:
+        name = judge_model if isinstance(judge_model, str) else judge_model.get_inference_name()
+        print(f"RULER judge {name}:")
+        for verdict in scores:
+            print(f"  [{verdict.trajectory_id}] {verdict.score:.3f}  {verdict.explanation}")
+    return scores
+
+
 def _apply(trajectories: Sequence[Trajectory], scores: Sequence[TrajectoryScore], judge: str) -> None:
     for trajectory, verdict in zip(trajectories, scores, strict=True):
         if "ruler_score" not in trajectory.metrics:  # a second judging keeps the original reward
@@ -287,16 +293,18 @@ def _apply(trajectories: Sequence[Trajectory], scores: Sequence[TrajectoryScore]
         trajectory.reward = verdict.score
         trajectory.metadata["ruler_explanation"] = verdict.explanation
         trajectory.metadata["ruler_judge"] = judge
-        trajectory.log(f"RULER ({judge}) score {verdict.score:.3f}: {verdict.explanation}")
+        trajectory.log(f"RULER explanation ({judge}, score {verdict.score:.3f}): {verdict.explanation}")
 
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge_model: str | Model,
-    *,
-    client: openai.AsyncOpenAI | None = None,
+    judge_model: str | Model = "openai/o3",
+    extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = None,
+    *,
     swallow_exceptions: bool = False,
+    debug: bool = False,
+    client: openai.AsyncOpenAI | None = None,
     max_retries: int = 3,
     temperature: float | None = 0.0,
     extra_body: dict[str, Any] | None = None,
@@ -305,27 +313,38 @@ async def ruler_score_group(
     ordered_ids: bool = False,
     retry_delay: float = 0.5,
 ) -> TrajectoryGroup | None:
-    """Score a group with one judge request and set each trajectory's reward (in place); returns the group.
+    """Score a group with one judge request; returns a NEW group whose trajectories carry the scores as rewards
+    (the input group is left untouched, as in ART). Identical trajectories are judged once and share a score.
 
-    The previous reward goes to `metrics["independent_reward"]`, the judge's reason to
-    `metadata["ruler_explanation"]` and `logs`. Rewards change only after a fully valid answer. On failure,
+    Each new trajectory keeps its previous reward in `metrics["independent_reward"]`, the score in
+    `metrics["ruler_score"]`, the judge's reason in `metadata["ruler_explanation"]` and `logs`. On failure,
     raises RulerError, or with `swallow_exceptions=True` logs a warning and returns None (the group is dropped,
     as `after_each` in `gather_trajectory_groups` expects).
 
-    `judge_model` is a model name, served by `client` (an AsyncOpenAI for any OpenAI-compatible endpoint; without
-    one, OpenAI's API configured from the environment), or an art Model (its `openai_client()`).
+    `judge_model`: a LiteLLM-style string (`"openai/o4-mini"`, `"hosted_vllm/Qwen3-32B"`, `"anthropic/..."`;
+    see `rewards.judge` for how it is reached, `extra_litellm_params` for `api_base`/`api_key`/...), a model
+    name served by `client` (any OpenAI-compatible endpoint), or an art Model (its `openai_client()`).
     `max_retries` counts extra attempts after bad answers and transient errors; a 400 to the JSON schema
     `response_format` makes it ask without one, uncounted. `max_tokens`, `max_explanation_chars` and
-    `ordered_ids` bound the answer for small judges under guided decoding.
+    `ordered_ids` bound the answer for small judges under guided decoding. `debug` prints the verdicts.
     """
-    trajectories = list(group.trajectories)
+    trajectories = [t.model_copy(deep=True) for t in group.trajectories]
+    new = TrajectoryGroup(
+        trajectories,
+        exceptions=list(group.exceptions),
+        metadata=dict(group.metadata),
+        metrics=dict(group.metrics),
+        logs=list(group.logs),
+    )
     if not trajectories:
-        return group
+        return new
     try:
-        scores = await judge_scores(
+        scores = await _unique_scores(
             [t.messages() for t in trajectories],
             judge_model,
+            debug,
             client=client,
+            extra_litellm_params=extra_litellm_params,
             rubric=rubric,
             tools=_shared_tools(trajectories),
             max_retries=max_retries,
@@ -343,21 +362,32 @@ async def ruler_score_group(
         return None
     name = judge_model if isinstance(judge_model, str) else judge_model.get_inference_name()
     _apply(trajectories, scores, name)
-    return group
+    return new
 
 
 async def ruler(
-    trajectories: Sequence[Trajectory | Sequence[Message]],
-    judge_model: str | Model,
-    *,
-    client: openai.AsyncOpenAI | None = None,
+    message_lists: Sequence[Sequence[Message] | Trajectory],
+    judge_model: str | Model = "openai/o3",
+    extra_litellm_params: dict[str, Any] | None = None,
     rubric: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    debug: bool = False,
+    client: openai.AsyncOpenAI | None = None,
     **options: Any,
-) -> list[float]:
-    """Score trajectories (or plain message lists) against each other; sets rewards and returns the scores."""
-    items = [
-        t if isinstance(t, Trajectory) else Trajectory(messages_and_choices=list(t)) for t in trajectories
-    ]
-    options["swallow_exceptions"] = False
-    await ruler_score_group(TrajectoryGroup(items), judge_model, client=client, rubric=rubric, **options)
-    return [t.reward for t in items]
+) -> list[TrajectoryScore]:
+    """Score conversations (message lists, or Trajectories) against each other; one `TrajectoryScore`
+    (`trajectory_id` "1".."n" in input order, `score`, `explanation`) per input. Nothing is modified."""
+    conversations = [m.messages() if isinstance(m, Trajectory) else list(m) for m in message_lists]
+    if not conversations:
+        return []
+    return await _unique_scores(
+        conversations,
+        judge_model,
+        debug,
+        client=client,
+        extra_litellm_params=extra_litellm_params,
+        rubric=rubric,
+        tools=tools,
+        **options,
+    )

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trajectory import LLMCall, Message, Trajectory
+from ..trajectories import LLMCall, Message, Trajectory
 
 _PARAM_KEYS = (
     "temperature",

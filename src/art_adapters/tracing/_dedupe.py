@@ -7,7 +7,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from ..trajectory import LLMCall
+from ..trajectories import LLMCall
 from ._convert import ns
 
 log = logging.getLogger(__name__)

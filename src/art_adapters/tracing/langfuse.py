@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from ..trajectory import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup
 from ._convert import Obs, TracePlan, new_trace_id, plan_trace
 from ._dedupe import OURS, HandlerGenerations, install_recorder
 

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..trajectory import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup
 
 # history.jsonl keys, in the order a dashboard shows them; any other numeric key is logged too
 STEP_KEYS = (

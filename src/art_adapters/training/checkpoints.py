@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..trajectory import Trajectory, write_jsonl
+from ..trajectories import Trajectory, write_jsonl
 
 _TEMP_PREFIX = ".tmp-"
 
@@ -83,6 +83,22 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def copy_checkpoint(model_dir: str | Path, source: int, step: int) -> Path:
+    """Atomically create checkpoint `step` as a copy of checkpoint `source` (a step that trained nothing still
+    advances, as in ART); its `trainer_state.json` records the new step."""
+    origin = checkpoint_dir(model_dir, source)
+
+    def write(tmp: Path) -> None:
+        shutil.copytree(origin, tmp, dirs_exist_ok=True)
+        state = tmp / "trainer_state.json"
+        if state.exists():
+            info = json.loads(state.read_text())
+            info["step"] = step
+            state.write_text(json.dumps(info, indent=2) + "\n")
+
+    return save_checkpoint(model_dir, step, write)
 
 
 def delete_checkpoints(model_dir: str | Path, keep: set[int]) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
-from ..trajectory import History, LLMCall, Message, Tools, Trajectory, messages_of
+from ..trajectories import History, LLMCall, Message, Tools, Trajectory, messages_of
 
 log = logging.getLogger(__name__)
 

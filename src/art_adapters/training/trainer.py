@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from ..config import LoRAConfig, SFTConfig, TrainConfig
-from ..trajectory import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup
 from . import adapter_io
 from .loss import StepTotals, group_advantages, policy_loss
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples, tokenize_trajectory
@@ -176,8 +176,7 @@ class Trainer:
         sequences, metrics = self.prepare(groups, config)
         self.optimizer.zero_grad(set_to_none=True)
         if not sequences:
-            reason = "every group's rewards are equal" if metrics["skipped_groups"] else "no sampled tokens"
-            metrics["skipped_reason"] = f"no trainable sequences: {reason}"
+            metrics["skipped_reason"] = skip_reason(groups, metrics)
             return metrics
         totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), sequences=len(sequences))
         self._seed_step()
@@ -212,6 +211,7 @@ class Trainer:
             "groups": len(groups),
             "trajectories": len(rewards),
             "skipped_groups": 0,
+            "groups_without_samples": 0,
             "skipped_trajectories": 0,
             "trained_tokens": 0,
             "truncated_tokens": 0,
@@ -234,6 +234,9 @@ class Trainer:
                     metrics["skipped_trajectories"] += 1
                 else:
                     tokenized.append((trajectory.reward, out.sequences))
+            if not tokenized:
+                metrics["groups_without_samples"] += 1
+                continue
             advantages = group_advantages(
                 [reward for reward, _ in tokenized], scale_rewards=config.scale_rewards, group_index=g
             )
@@ -334,6 +337,33 @@ class Trainer:
         metrics["step"] = self.step
         metrics["step_seconds"] = time.perf_counter() - started
         return metrics
+
+
+def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
+    """Why a step has nothing to train, in words a user can act on."""
+    parts = []
+    if metrics["skipped_groups"]:
+        parts.append(
+            f"{metrics['skipped_groups']} group(s) have equal rewards for all their trajectories (no advantage)"
+        )
+    if metrics["groups_without_samples"]:
+        plain = any(
+            isinstance(item, dict) and item.get("role") == "assistant"
+            for g in groups
+            for t in g.trajectories
+            for item in t.messages_and_choices
+        )
+        hint = (
+            "their assistant turns are plain message dicts, which carry no sampled tokens: append the Choice "
+            "(`completion.choices[0]`) from `model.openai_client()`, or run the agent inside `wrap_rollout` / "
+            "`art.trajectory(...)` so its calls are captured"
+            if plain
+            else "capture the calls through `model.openai_client()`, `wrap_rollout` or `art.trajectory(...)`"
+        )
+        parts.append(f"{metrics['groups_without_samples']} group(s) have no sampled token ids: {hint}")
+    if not groups or not metrics["trajectories"]:
+        parts.append("no trajectories were given")
+    return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
 
 
 def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:

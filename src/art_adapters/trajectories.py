@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import time
 import traceback
-from collections.abc import Awaitable, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -14,10 +16,29 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 Message = dict[str, Any]
+Messages = list[Message]
 MessageOrChoice = Annotated[Choice | Message, Field(union_mode="left_to_right")]
 MessagesAndChoices = list[MessageOrChoice]
 Tools = list[dict[str, Any]]
 MetadataValue = float | int | str | bool | None
+MainPolicy = Literal["first", "last", "most_calls"]
+
+
+class PydanticException(BaseModel):
+    """A rollout's exception as data (JSON-safe): its type name, message and formatted traceback."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    def __getitem__(self, key: str) -> str:  # dict-style access, as the JSON form reads
+        return str(getattr(self, key))
+
+    @classmethod
+    def of(cls, error: BaseException) -> PydanticException:
+        return cls(
+            type=type(error).__name__, message=str(error), traceback="".join(traceback.format_exception(error))
+        )
 
 
 class SampledChoice(BaseModel):
@@ -90,21 +111,69 @@ class Trajectory(BaseModel):
     tools: Tools | None = None
     additional_histories: list[History] = Field(default_factory=list)
     reward: float = 0.0
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     llm_calls: list[LLMCall] = Field(default_factory=list)
     start_time: float = Field(default_factory=time.time)
     end_time: float | None = None
+    _scope: AbstractContextManager[Any] | None = PrivateAttr(default=None)
 
     def messages(self) -> list[Message]:
-        """The conversation as OpenAI-format message dicts (Choices become assistant messages)."""
+        """The conversation as OpenAI-format message dicts (Choices become assistant messages; content is never
+        None, as chat templates expect)."""
         return messages_of(self.messages_and_choices)
 
     def log(self, message: str) -> None:
         self.logs.append(message)
 
-    def finish(self, main: Literal["last", "most_calls"] = "last") -> Trajectory:
+    def __str__(self) -> str:
+        return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
+
+    @asynccontextmanager
+    async def track_duration(self, metric_name: str) -> AsyncIterator[None]:
+        """Add the seconds spent inside to `metrics[f"{metric_name}_duration"]`."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{metric_name}_duration"
+            self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - started
+
+    def for_logging(self) -> dict[str, Any]:
+        """A JSON-ready summary: reward, versions, metrics, metadata, tools, logs, and the messages, each marked
+        `trainable` when it is a sampled Choice."""
+        messages = []
+        for item in self.messages_and_choices:
+            if isinstance(item, Choice):
+                messages.append({**item.message.model_dump(mode="json", exclude_none=True), "trainable": True})
+            else:
+                messages.append({**dict(item), "trainable": False})
+        return {
+            "reward": self.reward,
+            "initial_policy_version": self.initial_policy_version,
+            "final_policy_version": self.final_policy_version,
+            "metrics": dict(self.metrics),
+            "metadata": dict(self.metadata),
+            "messages": messages,
+            "tools": self.tools,
+            "logs": list(self.logs),
+        }
+
+    def __enter__(self) -> Trajectory:
+        """`with art.Trajectory() as t:` records every chat completion made inside into `t` (ART main's scope)."""
+        from .capture.rollout_scope import enter_trajectory
+
+        return enter_trajectory(self)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        from .capture.rollout_scope import exit_trajectory
+
+        exit_trajectory(self, *exc_info)
+
+    def finish(self, main: MainPolicy = "last") -> Trajectory:
         """Build the conversation from the captured calls if the rollout did not, and stamp the end.
 
         Calls are chained into conversations (a call continues one when its messages extend that one's last
@@ -128,6 +197,7 @@ class Trajectory(BaseModel):
                             )
                         )
         self.end_time = self.end_time or time.time()
+        self.metrics["duration"] = self.end_time - self.start_time
         return self
 
     def to_json(self) -> str:
@@ -139,14 +209,21 @@ class Trajectory(BaseModel):
 
 
 def messages_of(items: MessagesAndChoices) -> list[Message]:
+    """Message dicts of a conversation: Choices as assistant messages, and `content: None` as "" (ART's rule)."""
     out: list[Message] = []
     for item in items:
         if isinstance(item, Choice):
             message = item.message.model_dump(exclude_none=True, exclude_unset=False)
-            out.append({k: v for k, v in message.items() if k in _MESSAGE_KEYS})
+            message = {k: v for k, v in message.items() if k in _MESSAGE_KEYS}
         else:
-            out.append(dict(item))
+            message = dict(item)
+        if message.get("content") is None:
+            message["content"] = ""
+        out.append(message)
     return out
+
+
+get_messages = messages_of  # ART's name
 
 
 _MESSAGE_KEYS = {"role", "content", "tool_calls", "name", "refusal", "function_call"}
@@ -162,15 +239,17 @@ class TrajectoryGroup(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     trajectories: list[Trajectory] = Field(default_factory=list)
-    exceptions: list[dict[str, str]] = Field(default_factory=list)
+    exceptions: list[PydanticException] = Field(default_factory=list)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
     _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
 
     def __init__(
         self,
         trajectories: Iterable[Trajectory | Awaitable[Trajectory] | BaseException] = (),
         *,
-        exceptions: list[dict[str, str]] | None = None,
+        exceptions: Iterable[BaseException | PydanticException | dict[str, str]] | None = None,
         metadata: dict[str, MetadataValue] | None = None,
         **data: Any,
     ) -> None:
@@ -180,7 +259,7 @@ class TrajectoryGroup(BaseModel):
             )
         done: list[Trajectory] = []
         pending: list[Awaitable[Trajectory]] = []
-        errors = list(exceptions or [])
+        errors = [exception_record(e) if isinstance(e, BaseException) else e for e in exceptions or ()]
         for index, item in enumerate(trajectories):
             if isinstance(item, Trajectory):
                 done.append(item)
@@ -208,6 +287,39 @@ class TrajectoryGroup(BaseModel):
     def pending(self) -> list[Awaitable[Trajectory]]:
         return self._pending
 
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def __copy__(self) -> TrajectoryGroup:
+        """A new group with its own lists and dicts (the trajectories themselves are shared)."""
+        group = type(self).model_construct(
+            trajectories=list(self.trajectories),
+            exceptions=list(self.exceptions),
+            metadata=dict(self.metadata),
+            metrics=dict(self.metrics),
+            logs=list(self.logs),
+        )
+        group._pending = list(self._pending)
+        return group
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> TrajectoryGroup:
+        group = type(self).model_construct(
+            **{name: copy.deepcopy(getattr(self, name), memo) for name in type(self).model_fields}
+        )
+        group._pending = []
+        return group
+
+    def __enter__(self) -> TrajectoryGroup:
+        """`with art.TrajectoryGroup() as g:` collects each `with art.Trajectory()` that closes inside."""
+        from .capture.rollout_scope import enter_group
+
+        return enter_group(self)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        from .capture.rollout_scope import exit_group
+
+        exit_group(self)
+
     def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
         """Run the pending rollouts (any failure raises; use `gather_trajectory_groups` to tolerate some)."""
         from .gather import gather_trajectory_groups
@@ -223,12 +335,8 @@ class RolloutError(RuntimeError):
     """A rollout returned something other than a Trajectory."""
 
 
-def exception_record(error: BaseException) -> dict[str, str]:
-    return {
-        "type": type(error).__name__,
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-    }
+def exception_record(error: BaseException) -> PydanticException:
+    return PydanticException.of(error)
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory]) -> Path:
@@ -247,3 +355,22 @@ def read_jsonl(path: str | Path) -> list[Trajectory]:
 
 def dumps_group(group: TrajectoryGroup) -> str:
     return json.dumps(group.model_dump(mode="json"))
+
+
+def __getattr__(name: str) -> Any:
+    """ART main's scope functions, also importable from here (`from art.trajectories import trajectory`)."""
+    if name in _SCOPE_NAMES:
+        from .capture import rollout_scope
+
+        return getattr(rollout_scope, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_SCOPE_NAMES = {
+    "auto_trajectory",
+    "capture_auto_trajectory",
+    "current_trajectory",
+    "current_trajectory_group",
+    "trajectory",
+    "trajectory_group",
+}

@@ -1,0 +1,267 @@
+"""OpenPipe ART's keyword surface mapped onto ours: `backend.train(**kwargs)`, `_config=` knobs, `_internal_config`.
+
+Rule: an ART setting at ART's default is accepted; a value we honour is mapped (each mapping below in one line);
+any other value raises `UnsupportedARTSetting` naming the setting and what to do instead. Nothing is silently
+ignored, except settings that only tune ART's memory use and cannot change a result (listed in `_NO_EFFECT`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+from .config import SFTConfig, TrainConfig
+
+
+class UnsupportedARTSetting(ValueError):
+    """An ART setting this library cannot honour (the message says what to use instead)."""
+
+
+# ---- results (ART's dataclasses) -------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    """What `backend.train(...)` returns: the step after training and the step's metrics."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LocalTrainResult(TrainResult):
+    """`LocalBackend.train(...)`'s result, with the folder of the checkpoint it wrote."""
+
+    checkpoint_path: str | None = None
+
+
+# ---- ART's typed dicts (shapes only; `art_adapters.dev` re-exports them) -------------------------------------
+
+
+class DevTrainConfig(TypedDict, total=False):
+    """ART's `art.dev.TrainConfig`: the `_config=` knobs of `model.train` (see `train_config`)."""
+
+    advantage_balance: float
+    allow_training_without_logprobs: bool
+    epsilon: float
+    epsilon_high: float | None
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"]
+    kimi_k2_tau: float | None
+    kl_penalty_coef: float
+    logprob_calculation_chunk_size: int
+    mask_prob_ratio: bool
+    max_negative_advantage_importance_sampling_weight: float
+    num_trajectories_learning_rate_multiplier_power: float
+    packed_sequence_length: int | None
+    plot_tensors: bool
+    ppo: bool
+    precalculate_logprobs: bool
+    scale_learning_rate_by_reward_std_dev: bool
+    scale_rewards: bool
+    truncated_importance_sampling: float | None
+
+
+class DevTrainSFTConfig(TypedDict, total=False):
+    """ART's `art.dev.TrainSFTConfig` (experimental SFT knobs; none is supported yet, so it must be empty)."""
+
+
+class InitArgs(TypedDict, total=False):
+    max_seq_length: int
+
+
+class EngineArgs(TypedDict, total=False):
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    enforce_eager: bool
+    enable_sleep_mode: bool
+    max_lora_rank: int
+    max_loras: int
+
+
+class TrainerArgs(TypedDict, total=False):
+    max_grad_norm: float
+    weight_decay: float
+
+
+class DevLoRAConfig(TypedDict, total=False):
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: list[str]
+    modules_to_save: list[str] | None
+
+
+class InternalModelConfig(TypedDict, total=False):
+    """ART's `art.dev.InternalModelConfig` (`TrainableModel(_internal_config=...)`); see `internal_settings`."""
+
+    init_args: InitArgs
+    engine_args: EngineArgs
+    trainer_args: TrainerArgs
+
+
+class ServerArgs(TypedDict, total=False):
+    pass
+
+
+class OpenAIServerConfig(TypedDict, total=False):
+    """ART's `_openai_client_config` of `register`: accepted when it asks for nothing (engine settings are the
+    backend's: `LocalBackend(inference=InferenceConfig(...))` or `art-adapters serve` flags)."""
+
+    server_args: ServerArgs
+    engine_args: EngineArgs
+
+
+# ---- one training step ------------------------------------------------------------------------------------------
+
+# ART setting -> the value at which it asks for nothing we lack.
+_ART_DEFAULTS: dict[str, Any] = {
+    "loss_fn_config": None,
+    "adam_params": None,
+    "kl_penalty_reference_step": None,
+    "kl_ref_adapter_path": None,
+    "kl_penalty_source": "current_learner",
+    "kl_penalty_step_lag": None,
+    "advantage_balance": 0.0,
+    "max_negative_advantage_importance_sampling_weight": None,
+    "mask_prob_ratio": False,
+    "kimi_k2_tau": None,
+    "precalculate_logprobs": False,
+    "plot_tensors": False,
+    "scale_learning_rate_by_reward_std_dev": False,
+    "megatron_topology": None,
+    "num_trajectories_learning_rate_multiplier_power": 0.0,
+    "save_checkpoint": True,
+    "moe_routing_replay_bundle": None,
+    "moe_routing_replay_path": None,
+    "moe_routing_replay_strict": False,
+}
+# Settings that only size ART's buffers: any value gives the same step here.
+_NO_EFFECT = {"logprob_calculation_chunk_size", "grad_accumulation_sequences", "allow_training_without_logprobs"}
+
+
+def train_config(
+    base: TrainConfig | None = None, knobs: dict[str, Any] | None = None, *, where: str = "train"
+) -> TrainConfig:
+    """`base` (ours, or ART's TrainConfig, which is ours) updated by ART's keyword settings `knobs`.
+
+    learning_rate -> learning_rate; loss_fn "cispo" -> loss="cispo", "ppo" -> loss="grpo" (PPO clip);
+    ppo=True/False -> the same; importance_sampling_level="sequence" -> loss="gspo" (with PPO clip);
+    epsilon / epsilon_high / scale_rewards -> the same; normalize_advantages=False -> scale_rewards=False;
+    kl_penalty_coef -> beta (a k3 KL term in the loss, where ART shifts advantages); packed_sequence_length ->
+    max_seq_len; truncated_importance_sampling -> the same (TIS cap on the ratio).
+    """
+    config = (base or TrainConfig()).model_copy()
+    update: dict[str, Any] = {}
+    for key, value in (knobs or {}).items():
+        if key in _NO_EFFECT or key == "verbose":
+            continue
+        if key in _ART_DEFAULTS:
+            if value != _ART_DEFAULTS[key]:
+                raise UnsupportedARTSetting(
+                    f"{where}: ART's {key}={value!r} is not supported by art-adapters (only its default "
+                    f"{_ART_DEFAULTS[key]!r}); see README 'Porting from ART'"
+                )
+            continue
+        if key == "learning_rate":
+            update["learning_rate"] = float(value)
+        elif key == "loss_fn":
+            if value not in ("cispo", "ppo"):
+                raise UnsupportedARTSetting(f"{where}: loss_fn must be 'cispo' or 'ppo', not {value!r}")
+            update["loss"] = "cispo" if value == "cispo" else "grpo"
+        elif key == "ppo":
+            update["loss"] = "grpo" if value else "cispo"
+        elif key in ("epsilon", "epsilon_high", "scale_rewards", "truncated_importance_sampling"):
+            if value is not None:
+                update[key] = value
+        elif key == "normalize_advantages":
+            update["scale_rewards"] = bool(value) and update.get("scale_rewards", config.scale_rewards)
+        elif key == "kl_penalty_coef":
+            update["beta"] = float(value)
+        elif key == "packed_sequence_length":
+            if value is not None:
+                update["max_seq_len"] = int(value)
+        elif key == "importance_sampling_level":
+            if value not in ("token", "sequence"):
+                raise UnsupportedARTSetting(
+                    f"{where}: importance_sampling_level={value!r} is not supported; use 'token' or 'sequence'"
+                )
+            if value == "sequence":
+                update["sequence_ratio"] = True
+        else:
+            raise UnsupportedARTSetting(f"{where}: unknown ART setting {key!r}")
+    if update.pop("sequence_ratio", False):
+        if update.get("loss", config.loss) == "cispo":
+            raise UnsupportedARTSetting(
+                f"{where}: importance_sampling_level='sequence' needs the PPO clip (loss_fn='ppo'): "
+                "GSPO is implemented as loss='gspo'"
+            )
+        update["loss"] = "gspo"
+    # Rebuilt from what was set, so a loss chosen here brings its own clip defaults (see TrainConfig).
+    fields = {**config.model_dump(exclude_unset=True), **update}
+    return TrainConfig(**fields)
+
+
+def art_backend_train_config(knobs: dict[str, Any], config: TrainConfig | None = None) -> TrainConfig:
+    """`backend.train(model, groups, **knobs)` (ART >= 0.5.18): ART's defaults there are CISPO at lr 5e-6."""
+    knobs = {"loss_fn": "cispo", **knobs}
+    return train_config(config, knobs, where="backend.train")
+
+
+def sft_config(config: SFTConfig | None, dev: dict[str, Any] | None) -> SFTConfig:
+    if dev:
+        raise UnsupportedARTSetting(f"train_sft: ART _config knobs {sorted(dev)} are not supported")
+    return config or SFTConfig()
+
+
+# ---- the model's internal config ----------------------------------------------------------------------------------
+
+_ENGINE_FIELDS = set(EngineArgs.__annotations__)
+
+
+def internal_settings(internal: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inference settings, train defaults) from ART's `_internal_config`.
+
+    init_args.max_seq_length -> TrainConfig.max_seq_len and InferenceConfig.max_model_len; engine_args.{fields of
+    EngineArgs} -> InferenceConfig; trainer_args.{max_grad_norm, weight_decay} -> TrainConfig;
+    anything else (chat_template_kwargs included: pass `extra_body={"chat_template_kwargs": ...}` per request)
+    raises.
+    """
+    inference: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    for section, values in (internal or {}).items():
+        values = dict(values or {})
+        if section == "init_args":
+            for key, value in values.items():
+                if key != "max_seq_length":
+                    raise UnsupportedARTSetting(f"_internal_config.init_args.{key} is not supported")
+                train["max_seq_len"] = int(value)
+                inference.setdefault("max_model_len", int(value))
+        elif section == "engine_args":
+            unknown = sorted(set(values) - _ENGINE_FIELDS)
+            if unknown:
+                raise UnsupportedARTSetting(
+                    f"_internal_config.engine_args {unknown} are not supported (supported: {sorted(_ENGINE_FIELDS)})"
+                )
+            inference.update(values)
+        elif section == "trainer_args":
+            unknown = sorted(set(values) - {"max_grad_norm", "weight_decay"})
+            if unknown:
+                raise UnsupportedARTSetting(f"_internal_config.trainer_args {unknown} are not supported")
+            train.update(values)
+        else:
+            raise UnsupportedARTSetting(
+                f"_internal_config.{section} is not supported (supported: init_args, engine_args, "
+                "trainer_args); for chat_template_kwargs pass extra_body={'chat_template_kwargs': ...} per request"
+            )
+    return inference, train
+
+
+def check_openai_client_config(config: dict[str, Any] | None) -> None:
+    """ART's `register(model, _openai_client_config=...)`: engine settings belong to the backend here."""
+    if config and any(config.get(key) for key in config):
+        raise UnsupportedARTSetting(
+            "register(_openai_client_config=...) is not supported: set engine options on the backend "
+            "(LocalBackend(inference=InferenceConfig(...)) or `art-adapters serve` flags), or "
+            "_internal_config=InternalModelConfig(engine_args=...) on the model"
+        )
