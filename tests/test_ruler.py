@@ -166,7 +166,10 @@ async def test_ruler_on_message_lists_returns_scores(serve) -> None:
     _, client = serve([answer([("1", 1), ("2", 0)])])
     convs = [[*PREFIX, {"role": "assistant", "content": a}] for a in ANSWERS[:2]]
     scores = await ruler(convs, "judge-model", client=client)
-    assert [(s.trajectory_id, s.score, s.explanation) for s in scores] == [("1", 1.0, "reason 1"), ("2", 0.0, "reason 2")]
+    assert [(s.trajectory_id, s.score, s.explanation) for s in scores] == [
+        ("1", 1.0, "reason 1"),
+        ("2", 0.0, "reason 2"),
+    ]
 
 
 async def test_order_of_entries_does_not_matter(serve) -> None:

@@ -122,7 +122,9 @@ async def test_sigterm_lets_the_step_in_flight_finish(
 async def test_server_down_is_a_clear_error() -> None:
     model = trainable()
     with pytest.raises(RemoteBackendError, match="cannot reach the art-adapters server"):
-        async for _ in RemoteBackend(f"http://127.0.0.1:{free_port()}").train_events(model, [], art.TrainConfig()):
+        async for _ in RemoteBackend(f"http://127.0.0.1:{free_port()}").train_events(
+            model, [], art.TrainConfig()
+        ):
             pass
 
 
@@ -277,7 +279,9 @@ async def test_local_backend_over_http_survives_sigkill_mid_step(tmp_path: Path,
         events: list[dict[str, object]] = []
 
         async def step_two() -> None:
-            async for event in backend.train_events(model, await groups(), art.TrainConfig(learning_rate=1e-3)):
+            async for event in backend.train_events(
+                model, await groups(), art.TrainConfig(learning_rate=1e-3)
+            ):
                 events.append(event)
 
         task = asyncio.create_task(step_two())

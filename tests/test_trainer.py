@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+import art_adapters as art
 from art_adapters.config import LoRAConfig, SFTConfig, TrainConfig
 from art_adapters.tiny import tiny_model_path
 from art_adapters.training.tokenize import chat_template_ids
@@ -177,10 +178,31 @@ def test_a_step_where_every_group_is_skipped_completes(model_path) -> None:
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     metrics = trainer.train_step(groups, TrainConfig())
     assert metrics["skipped_groups"] == len(groups) and metrics["trained_tokens"] == 0
-    assert "rewards are equal" in metrics["skipped_reason"] and metrics["step"] == 1
+    assert "equal rewards" in metrics["skipped_reason"] and metrics["step"] == 1
+    assert "sampled token ids" not in metrics["skipped_reason"]
     for name, p in trainer.model.named_parameters():
         if p.requires_grad:
             assert torch.equal(p, before[name])
+
+
+def test_a_step_without_sampled_tokens_says_so_and_how_to_capture_them(model_path) -> None:
+    trainer = make_trainer(model_path)
+    groups = [
+        art.TrajectoryGroup(
+            art.Trajectory(
+                messages_and_choices=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": str(r)},
+                ],
+                reward=r,
+            )
+            for r in (0.0, 1.0)
+        )
+    ]
+    metrics = trainer.train_step(groups, TrainConfig())
+    reason = metrics["skipped_reason"]
+    assert "1 group(s) have no sampled token ids" in reason and "plain message dicts" in reason
+    assert "equal rewards" not in reason and metrics["groups_without_samples"] == 1
 
 
 def test_toy_reward_rises(model_path) -> None:

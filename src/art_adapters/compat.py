@@ -137,7 +137,11 @@ _ART_DEFAULTS: dict[str, Any] = {
     "moe_routing_replay_strict": False,
 }
 # Settings that only size ART's buffers: any value gives the same step here.
-_NO_EFFECT = {"logprob_calculation_chunk_size", "grad_accumulation_sequences", "allow_training_without_logprobs"}
+_NO_EFFECT = {
+    "logprob_calculation_chunk_size",
+    "grad_accumulation_sequences",
+    "allow_training_without_logprobs",
+}
 
 
 def train_config(

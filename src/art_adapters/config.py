@@ -68,7 +68,9 @@ class TrainConfig(BaseModel):
             if "epsilon" not in given:  # a given epsilon alone is a symmetric clip, as for GRPO
                 defaults.update(epsilon=3e-4, epsilon_high=4e-4)
         for key, value in defaults.items():
-            if key not in given or (key == "epsilon_high" and self.epsilon_high is None and self.loss == "cispo"):
+            if key not in given or (
+                key == "epsilon_high" and self.epsilon_high is None and self.loss == "cispo"
+            ):
                 object.__setattr__(self, key, value)  # not through __setattr__: the field stays "unset"
         return self
 

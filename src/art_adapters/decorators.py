@@ -110,6 +110,8 @@ def log_http_errors(fn: Callable[P, Any]) -> Callable[P, Any]:
                 detail = error.response.json().get("detail")
             except Exception:
                 detail = error.response.text[:500]
-            raise HTTPCallError(f"[HTTP {error.response.status_code}] {error.request.url} {detail}") from error
+            raise HTTPCallError(
+                f"[HTTP {error.response.status_code}] {error.request.url} {detail}"
+            ) from error
 
     return wrapper

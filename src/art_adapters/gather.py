@@ -218,7 +218,13 @@ async def trajectory_group_batches(
     while within it."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-    waiting = list(groups)[batch_size * skip_batches :]
+    items = list(groups)
+    skipped, waiting = items[: batch_size * skip_batches], items[batch_size * skip_batches :]
+    for item in skipped:  # never run: close their coroutines instead of leaving them un-awaited
+        for awaitable in item.pending if isinstance(item, TrajectoryGroup) else [item]:
+            close = getattr(awaitable, "close", None)
+            if close is not None:
+                close()
     total = sum(len(g.pending) for g in waiting if isinstance(g, TrajectoryGroup))
     context = _Gather(total, max_batch_exceptions, pbar_desc, None)
 

@@ -24,7 +24,9 @@ def get_models_dir(project_name: str, art_path: str | None = None) -> str:
 
 def get_output_dir_from_model_properties(project: str, name: str, art_path: str | None = None) -> str:
     return str(
-        checkpoints.model_dir(check_name("project", project), check_name("model", name), art_path or DEFAULT_ART_PATH)
+        checkpoints.model_dir(
+            check_name("project", project), check_name("model", name), art_path or DEFAULT_ART_PATH
+        )
     )
 
 

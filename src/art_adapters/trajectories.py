@@ -37,7 +37,9 @@ class PydanticException(BaseModel):
     @classmethod
     def of(cls, error: BaseException) -> PydanticException:
         return cls(
-            type=type(error).__name__, message=str(error), traceback="".join(traceback.format_exception(error))
+            type=type(error).__name__,
+            message=str(error),
+            traceback="".join(traceback.format_exception(error)),
         )
 
 
@@ -148,7 +150,9 @@ class Trajectory(BaseModel):
         messages = []
         for item in self.messages_and_choices:
             if isinstance(item, Choice):
-                messages.append({**item.message.model_dump(mode="json", exclude_none=True), "trainable": True})
+                messages.append(
+                    {**item.message.model_dump(mode="json", exclude_none=True), "trainable": True}
+                )
             else:
                 messages.append({**dict(item), "trainable": False})
         return {

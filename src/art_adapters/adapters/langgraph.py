@@ -25,6 +25,9 @@ def init_chat_model(
     model: Model | str | None = None,
     *,
     request_token_ids: bool | None = None,
+    model_provider: str | None = None,
+    configurable_fields: None = None,
+    config_prefix: str | None = None,
     **kwargs: Any,
 ) -> ChatOpenAI:
     """A `ChatOpenAI` bound to the model's endpoint and recording http clients (sync and async).
@@ -32,8 +35,16 @@ def init_chat_model(
     `model`: an art Model, or None for the model of the enclosing `wrap_rollout` (ART's usage: called inside the
     rollout), or a served-model name to use with that rollout's endpoint. Other keyword arguments go to
     `ChatOpenAI` (default `temperature=1.0`, `stream_usage=True`); its calls record only inside a capture scope.
+    LangChain's `model_provider` (only "openai": the endpoint speaks OpenAI's API), `configurable_fields` and
+    `config_prefix` are accepted as ART accepts them.
     """
     from langchain_openai import ChatOpenAI
+
+    if model_provider not in (None, "openai") or configurable_fields is not None:
+        raise ValueError(
+            "init_chat_model: the model's endpoint is OpenAI-compatible; model_provider must be None or 'openai' "
+            "and configurable_fields None"
+        )
 
     route = current_route()
     name: str | None = model if isinstance(model, str) else None

@@ -33,7 +33,12 @@ class Backend(Protocol):
     async def get_step(self, model: TrainableModel) -> int: ...
 
     def train_events(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig, *, record: bool = True
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        record: bool = True,
     ) -> AsyncIterator[dict[str, Any]]:
         """Take one GRPO step. Yields progress events; the last has `"event": "done"`, the new step and its
         metrics. `record`: also write the step's trajectories and history row (`model.train`; ART's
@@ -71,7 +76,12 @@ class ARTTraining:
     them for free."""
 
     def train_events(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig, *, record: bool = True
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        record: bool = True,
     ) -> AsyncIterator[dict[str, Any]]:
         raise NotImplementedError  # each backend defines it
 
@@ -97,7 +107,9 @@ class ARTTraining:
                 done = event
         metrics = {k: float(v) for k, v in done.get("metrics", {}).items() if isinstance(v, int | float)}
         if "checkpoint_path" in done:
-            return LocalTrainResult(step=int(done["step"]), metrics=metrics, checkpoint_path=done["checkpoint_path"])
+            return LocalTrainResult(
+                step=int(done["step"]), metrics=metrics, checkpoint_path=done["checkpoint_path"]
+            )
         return TrainResult(step=int(done["step"]), metrics=metrics)
 
     async def _experimental_pull_from_s3(self, model: Model, **_: Any) -> None:

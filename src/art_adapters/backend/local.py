@@ -135,7 +135,12 @@ class LocalBackend(ARTTraining):
         return checkpoints.latest_step(self.model_dir(model))
 
     async def train_events(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig, *, record: bool = True
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        record: bool = True,
     ) -> AsyncIterator[dict[str, Any]]:
         """One GRPO step: train, save `checkpoints/{step+1:04d}` atomically, hot-load it, record metrics.
 

@@ -87,7 +87,12 @@ class RemoteBackend(ARTTraining):
         return int((await self._post("/models/step", {"model": _payload(model)}))["step"])
 
     async def train_events(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig, *, record: bool = True
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        record: bool = True,
     ) -> AsyncIterator[dict[str, Any]]:
         body = {
             "model": _payload(model),

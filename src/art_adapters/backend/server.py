@@ -189,7 +189,9 @@ def create_app(
         return _progress(
             state,
             model,
-            lambda: backend.train_events(model, [g.group() for g in body.groups], body.config, record=body.record),
+            lambda: backend.train_events(
+                model, [g.group() for g in body.groups], body.config, record=body.record
+            ),
             heartbeat_s,
         )
 

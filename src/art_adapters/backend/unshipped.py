@@ -16,7 +16,9 @@ class _NotShipped:
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise UnsupportedBackendError(f"art-adapters does not ship ART's {type(self).__name__}: {self._instead}")
+        raise UnsupportedBackendError(
+            f"art-adapters does not ship ART's {type(self).__name__}: {self._instead}"
+        )
 
 
 class ServerlessBackend(_NotShipped):

@@ -59,7 +59,9 @@ def current_trajectory_group(*, required: bool = False) -> TrajectoryGroup | Non
 
 def _raw_coroutine(value: Any) -> Coroutine[Any, Any, Any]:
     if not isinstance(value, Coroutine):
-        raise TypeError(f"expected a coroutine (call the async function, don't await it), not {type(value).__name__}")
+        raise TypeError(
+            f"expected a coroutine (call the async function, don't await it), not {type(value).__name__}"
+        )
     return value
 
 

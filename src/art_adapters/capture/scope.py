@@ -15,7 +15,9 @@ def current_trajectory(*, required: bool = False) -> Trajectory | None:
     art.Trajectory()`); None outside any, or RuntimeError with `required=True`."""
     trajectory = CURRENT.get()
     if trajectory is None and required:
-        raise RuntimeError("no trajectory scope is open here: use `with art.Trajectory():` or art.trajectory(...)")
+        raise RuntimeError(
+            "no trajectory scope is open here: use `with art.Trajectory():` or art.trajectory(...)"
+        )
     return trajectory
 
 

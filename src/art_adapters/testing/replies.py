@@ -194,7 +194,7 @@ def render_chat(request: dict[str, Any], reply: Reply, *, seq: int, model: str) 
     include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     events = list(_stream_events(head, plans, prompt_ids, usage, want_ids, want_lp, include_usage))
     return base.model_copy(
-        update={"events": events, "headers": {**headers, "content-type": "text/event-stream"}}
+        update={"events": events, "headers": {"content-type": "text/event-stream", **headers}}
     )
 
 

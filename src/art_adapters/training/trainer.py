@@ -165,8 +165,8 @@ class Trainer:
             self.optimizer.step()
             metrics["grad_norm"] = float(grad_norm)
             metrics["learning_rate"] = config.learning_rate
-        else:
-            log.warning("step %d: %s", self.step + 1, metrics["skipped_reason"])
+        else:  # the caller reports it (LocalBackend warns once, naming the model)
+            log.info("step %d: %s", self.step + 1, metrics["skipped_reason"])
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return self._finish(metrics, started)

@@ -1,10 +1,15 @@
-"""`art_adapters.utils` (ART's `art.utils`): helpers rollout code imports; each lives in its own module here."""
+"""`art_adapters.utils` (ART's `art.utils`): helpers rollout code imports; the behaviour lives in `dataset`,
+`decorators`, `formatting` and `paths`. Names are imported through their ART submodules, so importing a
+submodule (`art_adapters.utils.retry`) never shadows the function of the same name."""
 
-from ..dataset import DatasetBatch, iterate_dataset
-from ..decorators import limit_concurrency, log_http_errors, retry
-from ..formatting import format_message, strip_logprobs
 from . import output_dirs
+from .format_message import format_message
 from .get_model_step import get_model_step
+from .iterate_dataset import DatasetBatch, iterate_dataset
+from .limit_concurrency import limit_concurrency
+from .log_http_errors import log_http_errors
+from .retry import retry
+from .strip_logprobs import strip_logprobs
 
 __all__ = [
     "DatasetBatch",

@@ -1,0 +1,128 @@
+"""ART's capture APIs as ART users write them: `auto_trajectory` / `capture_auto_trajectory` (0.4), `yield_trajectory`,
+and ART main's scope (`with art.Trajectory()`, `art.trajectory(...)`, `art.trajectory_group(...)`), each with a plain
+`openai.AsyncOpenAI` the rollout builds itself against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai import AsyncOpenAI
+from openai.types.chat.chat_completion import Choice
+
+import art_adapters as art
+from art_adapters.testing import Reply, ScriptedServer
+
+USER = {"role": "user", "content": "Hi!"}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_current_weather",
+            "description": "weather",
+            "parameters": {"type": "object"},
+        },
+    }
+]
+
+
+@pytest.fixture
+def server():
+    with ScriptedServer(Reply(content="Hello! How can I help?"), cycle=True) as srv:
+        yield srv
+
+
+async def test_capture_auto_trajectory_records_calls_of_any_client(server: ScriptedServer) -> None:
+    async def say_hi() -> str | None:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="default")  # built inside, never wrapped by us
+        first = await client.chat.completions.create(model="test", messages=[USER], tools=TOOLS)
+        answer = first.choices[0].message.content
+        await client.chat.completions.create(
+            model="test", messages=[USER, {"role": "assistant", "content": answer}, USER], tools=TOOLS
+        )
+        await client.chat.completions.create(model="test", messages=[USER])  # another conversation
+        if trajectory := art.auto_trajectory():
+            trajectory.reward = 1.0
+        return answer
+
+    trajectory = await art.capture_auto_trajectory(say_hi())
+    assert trajectory.reward == 1.0 and len(trajectory.llm_calls) == 3
+    main = (
+        trajectory.messages_and_choices
+    )  # ART's rule: the conversation the first call opened is the main one
+    assert [type(m) for m in main] == [dict, Choice, dict, Choice]
+    assert main[1].message.content == "Hello! How can I help?" and trajectory.tools == TOOLS
+    assert len(trajectory.additional_histories) == 1
+    assert trajectory.metrics["duration"] >= 0
+    assert art.auto_trajectory() is None
+    with pytest.raises(RuntimeError, match="no trajectory scope"):
+        art.auto_trajectory(required=True)
+
+
+async def test_stream_without_event_stream_content_type_is_recorded() -> None:
+    """A server that streams with a wrong content type: streaming is decided by the request, as openai does."""
+    reply = Reply(content="streamed answer", headers={"content-type": "application/octet-stream"})
+    with ScriptedServer([reply]) as server:
+
+        async def streamed() -> None:
+            client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+            async for _ in await client.chat.completions.create(model="m", messages=[USER], stream=True):
+                pass
+
+        trajectory = await art.trajectory(streamed())
+    (call,) = trajectory.llm_calls
+    assert call.error is None and call.stream
+    assert call.response["choices"][0]["message"]["content"] == "streamed answer"
+
+
+async def test_art_main_scope_group_and_current_trajectory(server: ScriptedServer) -> None:
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+
+    async def rollout(k: int) -> art.Trajectory:
+        with art.Trajectory() as trajectory:
+            assert art.current_trajectory(required=True) is trajectory
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{k}"}])
+            trajectory.reward = float(k)
+        return trajectory
+
+    group = await art.trajectory_group(rollout(k) for k in range(3))
+    assert [t.reward for t in group] == [0.0, 1.0, 2.0]
+    assert [t.llm_calls[0].request["messages"][0]["content"] for t in group] == ["q0", "q1", "q2"]
+
+    async def failing() -> art.Trajectory:
+        raise ValueError("boom")
+
+    group = await art.trajectory_group([rollout(5), failing()], return_exceptions=True)
+    assert len(group) == 1 and group.exceptions[0].type == "ValueError"
+    with pytest.raises(ValueError, match="boom"):
+        await art.trajectory_group([failing()])
+
+    with art.TrajectoryGroup() as collected:
+        assert art.current_trajectory_group() is collected
+        await rollout(7)
+        await rollout(8)
+    assert [t.reward for t in collected] == [7.0, 8.0] and art.current_trajectory_group() is None
+    with pytest.raises(TypeError, match="coroutine"):
+        await art.trajectory(asyncio.sleep)  # type: ignore[arg-type]
+
+
+async def test_yield_trajectory(server: ScriptedServer) -> None:
+    async def rollout() -> None:
+        art.yield_trajectory(art.Trajectory(messages_and_choices=[USER], reward=0.5))
+
+    trajectory = await art.capture_yielded_trajectory(rollout())
+    assert trajectory.reward == 0.5
+
+    async def silent() -> None:
+        return None
+
+    with pytest.raises(RuntimeError, match="yield_trajectory"):
+        await art.capture_yielded_trajectory(silent())
+
+
+async def test_nothing_is_recorded_outside_a_scope(server: ScriptedServer) -> None:
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+    with art.Trajectory() as inside:
+        await client.chat.completions.create(model="m", messages=[USER])
+    await client.chat.completions.create(model="m", messages=[USER])
+    assert len(inside.llm_calls) == 1 and len(server.requests) == 2

@@ -1,0 +1,79 @@
+"""ART >= 0.5.18's `backend.train(model, groups, ...)` on the real LocalBackend (shared vLLM server, tiny model):
+a step that trains nothing still advances (its checkpoint a copy of the last), a step that trains changes the
+served weights, and nothing is logged until `model.log`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+import art_adapters as art
+from art_adapters.inference import VLLMServer
+from fixtures_vllm import registered_on
+
+pytestmark = [pytest.mark.vllm, pytest.mark.train]
+aio = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def registered(
+    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[art.LocalBackend, art.TrainableModel]]:
+    async with registered_on(
+        vllm_server, tmp_path_factory.mktemp("art"), name="agent", project="compat"
+    ) as pair:
+        yield pair
+
+
+async def rollouts(model: art.TrainableModel, rewards: list[float]) -> art.TrajectoryGroup:
+    client = model.openai_client()
+    trajectories = []
+    for k, reward in enumerate(rewards):
+        messages = [{"role": "user", "content": f"Say a word ({k})."}]
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=messages, max_tokens=6, seed=k
+        )
+        trajectories.append(
+            art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
+        )
+    return art.TrajectoryGroup(trajectories)
+
+
+@aio
+async def test_backend_train_skips_advance_and_trains_change_weights(
+    registered: tuple[art.LocalBackend, art.TrainableModel],
+) -> None:
+    backend, model = registered
+    folder = backend.model_dir(model)
+    start = await model.get_step()
+    groups = [await rollouts(model, [0.5, 0.5, 0.5])]
+    result = await backend.train(model, groups, learning_rate=1e-3)
+    assert isinstance(result, art.LocalTrainResult) and result.step == start + 1 == await model.get_step()
+    assert result.metrics["trained_tokens"] == 0
+    before = folder / "checkpoints" / f"{start:04d}"
+    after = Path(result.checkpoint_path or "")
+    assert after == folder / "checkpoints" / f"{start + 1:04d}"
+    for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt"):
+        assert (after / name).read_bytes() == (before / name).read_bytes(), name
+    assert json.loads((after / "trainer_state.json").read_text())["step"] == start + 1
+    assert (
+        not (folder / "history.jsonl").exists()
+        or '"split": "train"' not in (folder / "history.jsonl").read_text()
+    )
+
+    groups = [await rollouts(model, [0.0, 1.0, 0.0, 1.0])]
+    result = await backend.train(model, groups, learning_rate=1e-3, loss_fn="ppo")
+    assert result.step == start + 2 and result.metrics["trained_tokens"] > 0
+    trained = folder / "checkpoints" / f"{start + 2:04d}" / "adapter_model.safetensors"
+    assert trained.read_bytes() != (after / "adapter_model.safetensors").read_bytes()
+    ids = groups[0].trajectories[1].messages_and_choices[-1].model_extra["prompt_token_ids"]
+    assert await backend.served_logprob_diff(model, ids) <= 1e-4  # vLLM serves what was trained
+
+    row = await model.log(groups, metrics=result.metrics, step=result.step, split="train")
+    assert row["train/trained_tokens"] > 0
+    history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["step"] == start + 2 and history[-1]["split"] == "train"
