@@ -15,7 +15,7 @@ from .capture.rollout_scope import (
     trajectory_group,
     yield_trajectory,
 )
-from .compat import LocalTrainResult, TrainResult, UnsupportedARTSetting
+from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, UnsupportedARTSetting
 from .config import LoRAConfig, SFTConfig, TrainConfig, TrainSFTConfig
 from .decorators import retry
 from .model import Model, TrainableModel
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .backend.remote import RemoteBackend, RemoteBackendError
     from .backend.unshipped import (
         MegatronBackend,
+        MegatronTopologyConfig,
         ServerlessBackend,
         SkyPilotBackend,
         TinkerBackend,
@@ -67,6 +68,7 @@ _LAZY = {
     "TinkerNativeBackend": ".backend.unshipped",
     "MegatronBackend": ".backend.unshipped",
     "SkyPilotBackend": ".backend.unshipped",
+    "MegatronTopologyConfig": ".backend.unshipped",
     "UnsupportedBackendError": ".backend.unshipped",
     "gather_on_ray": ".ray",
     "ruler_score_group": ".rewards",
@@ -98,6 +100,7 @@ __all__ = [
     "LocalBackend",
     "LocalTrainResult",
     "MegatronBackend",
+    "MegatronTopologyConfig",
     "Messages",
     "MessagesAndChoices",
     "Model",
@@ -108,6 +111,7 @@ __all__ = [
     "RulerError",
     "SFTConfig",
     "ServerlessBackend",
+    "ServerlessTrainResult",
     "SkyPilotBackend",
     "TinkerBackend",
     "TinkerNativeBackend",

@@ -35,6 +35,13 @@ class LocalTrainResult(TrainResult):
     checkpoint_path: str | None = None
 
 
+@dataclass
+class ServerlessTrainResult(TrainResult):
+    """ART's ServerlessBackend result type, for annotations in ported code (that backend is not shipped)."""
+
+    artifact_name: str | None = None
+
+
 # ---- ART's typed dicts (shapes only; `art_adapters.dev` re-exports them) -------------------------------------
 
 

@@ -73,6 +73,10 @@ ROOT_NAMES = [
     "trajectory_group",
     "current_trajectory",
     "current_trajectory_group",
+    "LocalTrainResult",
+    "ServerlessTrainResult",
+    "MegatronTopologyConfig",
+    "PydanticException",
 ]
 
 
@@ -349,7 +353,13 @@ def test_format_message_strip_logprobs_and_paths(tmp_path: Path) -> None:
 
 
 async def test_unshipped_backends_and_s3_say_what_to_use_instead(tmp_path: Path) -> None:
-    for name in ("ServerlessBackend", "TinkerBackend", "MegatronBackend", "SkyPilotBackend"):
+    for name in (
+        "ServerlessBackend",
+        "TinkerBackend",
+        "MegatronBackend",
+        "SkyPilotBackend",
+        "MegatronTopologyConfig",
+    ):
         with pytest.raises(art.UnsupportedBackendError, match="RemoteBackend"):
             getattr(art, name)()
     from art_adapters.serverless import ServerlessBackend

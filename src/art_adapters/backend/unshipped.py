@@ -49,3 +49,9 @@ class SkyPilotBackend(_NotShipped):
         "launch `art-adapters serve` with the SkyPilot task in integrations/gpu-host/ and connect with "
         "art.RemoteBackend(url, api_key)"
     )
+
+
+class MegatronTopologyConfig(_NotShipped):
+    """ART's Megatron parallel layout (not shipped: there is no Megatron backend here)."""
+
+    _instead = MegatronBackend._instead
