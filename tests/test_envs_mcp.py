@@ -90,3 +90,11 @@ def test_spec_parsing() -> None:
     assert MCPServerSpec.parse("http://h:1/mcp").url == "http://h:1/mcp"
     spec = MCPServerSpec.parse("python -m server --flag 'a b'")
     assert spec.command == "python" and spec.args == ["-m", "server", "--flag", "a b"]
+
+
+async def test_a_tool_call_that_hangs_is_an_error_after_the_timeout() -> None:
+    slow = MCPServerSpec.stdio(sys.executable, str(Path(__file__).parent / "mcp_slow_server.py"))
+    async with mcp_toolset(slow, timeout_s=1.0) as tools:
+        assert await tools.call("wait", {"seconds": 0}) == "waited 0.0"
+        out = await tools.call("wait", {"seconds": 30})
+    assert out == "Error: tool wait took longer than 1s and was abandoned"

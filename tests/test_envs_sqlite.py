@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -138,3 +140,76 @@ def test_read_only_even_when_the_file_is_writable(tmp_path: Path) -> None:
     finally:
         conn.close()
     assert db.query("SELECT COUNT(*) FROM orders") == "COUNT(*)\n160"
+
+
+UNBOUNDED = {
+    "zeroblob": "SELECT zeroblob(999999), zeroblob(999999)",
+    "columns": "SELECT " + ", ".join(f"{i} AS c{i}" for i in range(2000)),
+    "huge_rows": (
+        "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 5000) "
+        "SELECT printf('%.60000c', 'x') AS a, printf('%.60000c', 'y') AS b FROM r"
+    ),
+}
+PEAK_RSS = """
+import resource, sys
+from art_adapters.envs.sqlite import ReadOnlyDatabase, build_database
+db = ReadOnlyDatabase(build_database(sys.argv[1]))
+out = db.query(sys.argv[2])
+print(len(out), out[:60].replace("\\n", " "), out[-60:].replace("\\n", " "), "|", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def peak_rss_mib(tmp_path: Path, sql: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(tmp_path / "shop.sqlite"), sql],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    head, _, rss = done.stdout.rpartition("|")
+    return int(rss), head
+
+
+@pytest.mark.parametrize("name", sorted(UNBOUNDED))
+def test_hostile_queries_are_bounded_in_memory_and_output(tmp_path: Path, name: str) -> None:
+    baseline, _ = peak_rss_mib(tmp_path, "SELECT 1")
+    peak, out = peak_rss_mib(tmp_path, UNBOUNDED[name])
+    chars = int(out.split()[0])
+    assert chars <= 4100, out  # max_chars (4000) plus the truncation note
+    assert peak - baseline < 64, f"{name}: peak RSS grew {peak - baseline} MiB over a trivial query"
+    if name == "zeroblob":
+        assert "too big" in out
+    elif name == "columns":
+        assert "too many columns" in out
+    else:
+        assert "truncated" in out or "more rows" in out
+
+
+def test_default_database_lives_in_a_private_fresh_folder() -> None:
+    a, b = SQLiteEnv(), SQLiteEnv()
+    assert a.path != b.path and a.path.parent != b.path.parent
+    assert a.path.parent.stat().st_mode & 0o077 == 0  # only its owner can reach it
+
+
+async def test_a_slow_sync_tool_does_not_block_the_event_loop() -> None:
+    import time
+
+    from art_adapters.envs.base import call_tool
+
+    def slow() -> str:
+        time.sleep(0.5)
+        return "done"
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    assert await call_tool({"slow": slow}, "slow", "{}") == "done"
+    task.cancel()
+    assert ticks >= 10  # the loop kept running while the tool slept

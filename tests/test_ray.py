@@ -38,7 +38,7 @@ def local_ray() -> Iterator[Any]:
 def remote_model(tmp_path: Path) -> Iterator[art.TrainableModel]:
     with ScriptedServer(None) as inference:
         fake = FakeBackend(tmp_path / "art", inference.base_url)
-        with running(create_app(fake, api_key="ray-key")) as url:
+        with running(create_app(fake, api_key="ray-key", allowed_base_models=["tiny"])) as url:
             yield trainable(), url  # type: ignore[misc]
 
 

@@ -168,7 +168,9 @@ def fake(tmp_path: Path, scripted: ScriptedServer) -> FakeBackend:
 
 @pytest.fixture
 def served(fake: FakeBackend) -> Iterator[str]:
-    with running(create_app(fake, api_key="server-key", heartbeat_s=0.2)) as url:
+    with running(
+        create_app(fake, api_key="server-key", heartbeat_s=0.2, allowed_base_models=["tiny"])
+    ) as url:
         yield url
 
 
@@ -241,7 +243,8 @@ async def test_streaming_chat_and_models_through_proxy(served: str) -> None:
     assert text == "echo: a long enough message"
     async with httpx.AsyncClient(headers={"authorization": "Bearer server-key"}) as client:
         listed = (await client.get(f"{served}/v1/models")).json()
-    assert [m["id"] for m in listed["data"]] == ["scripted-model"]
+    # the upstream serves only its base model, which is not this server's to offer: nothing is listed
+    assert listed == {"object": "list", "data": []}
 
 
 async def test_proxy_swaps_in_the_upstream_key(fake: FakeBackend) -> None:
@@ -255,7 +258,7 @@ async def test_proxy_swaps_in_the_upstream_key(fake: FakeBackend) -> None:
         seen.append(request)
         return httpx.Response(200, headers={"content-type": "application/json"}, stream=Body())
 
-    app = create_app(fake, api_key="server-key")
+    app = create_app(fake, api_key="server-key", allowed_base_models=["tiny"])
     app.state.art.proxy._client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:

@@ -34,7 +34,7 @@ def _serve_main(argv: list[str]) -> None:
     port, path, delay, key = int(argv[0]), argv[1], float(argv[2]), argv[3]
     with ScriptedServer(None) as inference:
         backend = FakeBackend(path, inference.base_url, step_delay_s=delay)
-        serve("127.0.0.1", port, key, backend=backend, log_level="warning")
+        serve("127.0.0.1", port, key, backend=backend, log_level="warning", allowed_base_models=["tiny"])
 
 
 def start_server(port: int, path: Path, delay: float) -> subprocess.Popen[bytes]:
@@ -132,7 +132,7 @@ async def test_server_down_is_a_clear_error() -> None:
 def slow(tmp_path: Path) -> Iterator[tuple[str, FakeBackend]]:
     with ScriptedServer(None) as inference:
         fake = FakeBackend(tmp_path / "art", inference.base_url, step_delay_s=0.2)
-        with running(create_app(fake, api_key=KEY, heartbeat_s=0.1)) as url:
+        with running(create_app(fake, api_key=KEY, heartbeat_s=0.1, allowed_base_models=["tiny"])) as url:
             yield url, fake
 
 
@@ -179,7 +179,7 @@ async def test_concurrent_steps_of_one_model_run_one_after_the_other(slow: tuple
 async def test_512_concurrent_chats_through_the_proxy(tmp_path: Path) -> None:
     with ScriptedServer(None) as inference:
         fake = FakeBackend(tmp_path / "art", inference.base_url)
-        with running(create_app(fake, api_key=KEY)) as url:
+        with running(create_app(fake, api_key=KEY, allowed_base_models=["tiny"])) as url:
             model = trainable()
             backend = RemoteBackend(url, KEY)
             await model.register(backend)
@@ -226,6 +226,7 @@ async def test_local_backend_over_http_survives_sigkill_mid_step(tmp_path: Path,
 
     port, root = free_port(), tmp_path / "art"
     command = [sys.executable, "-m", "art_adapters.backend.server", "--port", str(port), "--path", str(root)]
+    command += ["--allow-base-model", str(tiny_model)]
     env = {**os.environ, "ART_ADAPTERS_API_KEY": KEY}
 
     def start() -> subprocess.Popen[bytes]:

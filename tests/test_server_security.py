@@ -41,7 +41,7 @@ def fake(tmp_path: Path) -> FakeBackend:
 
 @pytest.fixture
 async def client(fake: FakeBackend) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(fake, api_key=KEY, max_body_bytes=64 * 1024)
+    app = create_app(fake, api_key=KEY, max_body_bytes=64 * 1024, allowed_base_models=["tiny"])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as c:
         yield c
 

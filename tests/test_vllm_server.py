@@ -179,7 +179,8 @@ async def test_lora_hot_load_replace_and_zero_adapter(
     served = {m["id"] for m in (await _models(vllm_server))}
     assert "t-step-2" in served and "t-step-1" not in served
 
-    # Re-using a name: load_lora unloads, loads and resets the prefix cache, so the new weights are served.
+    # Re-using a name: loaded in place (the name never disappears), then the prefix cache is reset, so the new
+    # weights are served.
     await vllm_server.load_lora("t-step-2", path_a)
     again = sampled(await chat(vllm_server, body, model="t-step-2"))
     assert again[1] == comp_a and max_diff(again[2], lps_a) <= 1e-5
@@ -285,3 +286,38 @@ def test_sigkilled_parent_leaves_no_vllm_process(tiny_model: Path, tmp_path: Pat
     for pid in left:  # clean up before failing
         os.kill(pid, signal.SIGKILL)
     assert not left, f"orphaned vLLM processes: {left}"
+
+
+@vllm
+@aio
+async def test_every_vllm_route_needs_the_key_and_the_key_is_not_on_the_command_line(
+    vllm_server: VLLMServer,
+) -> None:
+    """vLLM's own key guards only /v1; its dev routes would answer any local process. Ours guard all of them."""
+    import httpx
+
+    root = vllm_server.root_url
+    probes = [
+        ("POST", "/reset_prefix_cache"),
+        ("POST", "/collective_rpc"),
+        ("POST", "/sleep"),
+        ("POST", "/v1/load_lora_adapter"),
+        ("POST", "/v1/unload_lora_adapter"),
+        ("GET", "/v1/models"),
+        ("GET", "/health"),
+        ("GET", "/metrics"),
+    ]
+    async with httpx.AsyncClient(timeout=30) as client:
+        for method, path in probes:
+            r = await client.request(method, root + path, json={"method": "x"})
+            assert r.status_code == 401, (path, r.status_code, r.text[:200])
+        r = await client.post(root + "/reset_prefix_cache", headers=vllm_server.headers)
+        assert r.status_code == 200 and "success" in r.json()
+    assert vllm_server.process is not None
+    key = vllm_server.api_key.encode()
+    for pid, cmdline in command_lines(group_pids(vllm_server.process.pid)):
+        assert key not in cmdline, f"the key is visible in the command line of pid {pid}"
+
+
+def command_lines(pids: list[int]) -> list[tuple[int, bytes]]:
+    return [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()) for pid in pids]

@@ -233,7 +233,7 @@ _ENGINE_FIELDS = set(EngineArgs.__annotations__)
 def internal_settings(internal: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(inference settings, train defaults) from ART's `_internal_config`.
 
-    init_args.max_seq_length -> TrainConfig.max_seq_len and InferenceConfig.max_model_len; engine_args.{fields of
+    init_args.max_seq_length -> TrainConfig.max_seq_len; engine_args.{fields of
     EngineArgs} -> InferenceConfig; trainer_args.{max_grad_norm, weight_decay} -> TrainConfig;
     anything else (chat_template_kwargs included: pass `extra_body={"chat_template_kwargs": ...}` per request)
     raises.
@@ -247,7 +247,6 @@ def internal_settings(internal: dict[str, Any] | None) -> tuple[dict[str, Any], 
                 if key != "max_seq_length":
                     raise UnsupportedARTSetting(f"_internal_config.init_args.{key} is not supported")
                 train["max_seq_len"] = int(value)
-                inference.setdefault("max_model_len", int(value))
         elif section == "engine_args":
             unknown = sorted(set(values) - _ENGINE_FIELDS)
             if unknown:

@@ -122,6 +122,7 @@ class Trajectory(BaseModel):
     start_time: float = Field(default_factory=time.time)
     end_time: float | None = None
     _scope: AbstractContextManager[Any] | None = PrivateAttr(default=None)
+    _sealed: bool = PrivateAttr(default=False)  # its capture scope closed: late calls are not added
 
     def messages(self) -> list[Message]:
         """The conversation as OpenAI-format message dicts (Choices become assistant messages; content is never

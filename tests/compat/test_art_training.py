@@ -211,7 +211,7 @@ async def test_log_after_backend_train_as_art_does(
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, RecordingBackend]]:
     backend = RecordingBackend(tmp_path)
-    with running(create_app(backend, api_key="key")) as url:
+    with running(create_app(backend, api_key="key", allowed_base_models=["tiny"])) as url:
         yield url, backend
 
 

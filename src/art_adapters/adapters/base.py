@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ..model import Model
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 _COMPLETIONS = ("/chat/completions", "/completions")
 
 
@@ -111,16 +113,35 @@ def _make_hook(
 
 
 def _install() -> None:
+    """Count a scope in and hook each client class (once). A class whose private lookup is gone (a future httpx)
+    is skipped with a warning: capture then works through recording clients only, never crashes a rollout."""
     global _depth
     with _lock:
         _depth += 1
         if _depth > 1:
             return
         for cls, is_async, is_httpx2 in _targets():
-            original = cls.__dict__["_transport_for_url"]
+            original = cls.__dict__.get("_transport_for_url")
+            if not callable(original):
+                _warn_unhookable(cls)
+                continue
             hook = _make_hook(original, is_async, is_httpx2)
             cls._transport_for_url = hook  # type: ignore[attr-defined]
             _saved.append((cls, original, hook))
+
+
+_warned: set[type] = set()
+
+
+def _warn_unhookable(cls: type) -> None:
+    if cls not in _warned:
+        _warned.add(cls)
+        log.warning(
+            "%s.%s has no _transport_for_url: calls of clients the agent builds itself are not captured; "
+            "use model.openai_client() or init_chat_model() (recording clients)",
+            cls.__module__,
+            cls.__qualname__,
+        )
 
 
 def _uninstall() -> None:
@@ -154,9 +175,9 @@ def scope(
     most calls (default: the agent loop, not a one-shot summariser or judge next to it) or the `last` one.
     """
     route = route_for(model, request_token_ids, endpoints)
-    _install()
     token = ROUTE.set(route)
     try:
+        _install()
         with capture(trajectory) as current:
             yield current
             rebuild = main != "last" and not current.messages_and_choices and not current.additional_histories

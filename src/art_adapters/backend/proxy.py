@@ -33,29 +33,45 @@ _HOP = {
 
 
 class Guard:
-    """ASGI middleware: 401 without the right `Authorization: Bearer KEY`, 413 for bodies over the limit
-    (declared Content-Length, and bytes counted as they stream in)."""
+    """ASGI middleware: 401 without a right `Authorization: Bearer KEY`, 413 for bodies over the limit
+    (declared Content-Length, and bytes counted as they stream in).
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+    Two keys: the admin key opens every route; the inference key (rollout workers, Ray tasks) opens only the
+    OpenAI-compatible `/v1/*` routes, so its holder can sample but never register, train or delete."""
+
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, max_body_bytes: int, inference_key: str | None = None
+    ) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
+        self.inference_key = inference_key.encode() if inference_key else None
         self.max_body_bytes = max_body_bytes
 
-    def authorized(self, scope: Scope) -> bool:
+    def role(self, scope: Scope) -> str | None:
+        """ "admin", "inference" or None (no valid key), for the request's bearer token."""
         if self.key is None:
-            return True
+            return "admin"
         header = dict(scope.get("headers") or []).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        if scheme.lower() != b"bearer":
+            return None
+        token = token.strip()
+        admin = hmac.compare_digest(token, self.key)
+        inference = self.inference_key is not None and hmac.compare_digest(token, self.inference_key)
+        return "admin" if admin else "inference" if inference else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not self.authorized(scope):
+        role = self.role(scope)
+        if role is None:
             await _send_json(
                 send, 401, {"detail": "bad or missing API key"}, [(b"www-authenticate", b"Bearer")]
             )
+            return
+        if role == "inference" and not str(scope.get("path", "")).startswith("/v1/"):
+            await _send_json(send, 403, {"detail": "the inference key only opens /v1/* (inference) routes"})
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
@@ -92,8 +108,14 @@ def openai_error(status: int, message: str, kind: str = "invalid_request_error")
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
+# The inference server's routes a client may reach through the proxy; everything else (vLLM's LoRA loading,
+# sleep, collective_rpc, cache resets, `..` tricks) is refused before any upstream call.
+ALLOWED_PATHS = frozenset({"chat/completions", "completions", "responses", "models"})
+
+
 class InferenceProxy:
-    """Forwards `/v1/*` to the upstream endpoint of the model a request names (one shared pooled client)."""
+    """Forwards `/v1/{chat/completions, completions, responses, models}` to the upstream endpoint of the model a
+    request names, when that model is one this server registered (one shared pooled client)."""
 
     def __init__(self, *, read_timeout_s: float = 600.0, max_connections: int = 2048) -> None:
         self._routes: dict[str, InferenceEndpoint] = {}
@@ -109,13 +131,12 @@ class InferenceProxy:
                 self._routes[name] = endpoint
 
     def upstream(self, model: str | None) -> InferenceEndpoint | None:
-        """The endpoint serving `model` (`name` or `name@step`); with one upstream only, that one."""
+        """The endpoint serving `model` (`name` or `name@step`), if it is a model this server registered."""
         if model:
             for key in (model, model.split("@", 1)[0]):
                 if key in self._routes:
                     return self._routes[key]
-        distinct = {(e.base_url, e.api_key): e for e in self._routes.values()}
-        return next(iter(distinct.values())) if len(distinct) == 1 else None
+        return None
 
     # ---- forwarding ------------------------------------------------------------------------------------------
 
@@ -152,12 +173,17 @@ class InferenceProxy:
                     502, f"inference server {endpoint.base_url} failed: {error}", "upstream_error"
                 )
             for item in items:
+                name = str(item.get("id"))
+                if name not in self._routes and name.split("@", 1)[0] not in self._routes:
+                    continue  # the base model and others' adapters are not this server's to offer
                 if item.get("id") not in seen:
                     seen.add(item.get("id"))
                     data.append(item)
         return JSONResponse({"object": "list", "data": data})
 
     async def forward(self, request: Request, path: str) -> Response:
+        if path not in ALLOWED_PATHS or request.method != "POST" and path != "models":
+            return openai_error(404, f"/v1/{path} is not served here (inference routes only)", "not_found")
         body = await request.body()
         model: str | None = None
         if body:

@@ -72,16 +72,23 @@ class RemoteBackend(ARTTraining):
     # ---- the protocol -------------------------------------------------------------------------------------
 
     async def register(self, model: Model) -> InferenceEndpoint:
+        asked = model.inference_settings() if model.trainable else {}  # type: ignore[attr-defined]
+        if asked:
+            raise RemoteBackendError(
+                f"model {model.name!r} asks for inference settings {sorted(asked)} (inference= or "
+                "_internal_config.engine_args): on a remote backend they are the server's; start "
+                "`art-adapters serve` with them"
+            )
         data = await self._post(
             "/models/register", {"model": _payload(model)}, timeout_s=self.register_timeout_s
         )
         endpoint = InferenceEndpoint.model_validate(data)
         if not data.get("proxied", True):  # a plain Model's own endpoint, reached directly
             return endpoint
-        # Inference goes to the URL this client already reaches the server on (a tunnel, a proxy), with its key.
-        return endpoint.model_copy(
-            update={"base_url": f"{self.base_url}/v1", "api_key": self.api_key or "none"}
-        )
+        # Inference goes to the URL this client already reaches the server on (a tunnel, a proxy), with the key
+        # the server hands out for inference (its inference-only key when it has one).
+        key = endpoint.api_key if endpoint.api_key not in ("", "none") else self.api_key or "none"
+        return endpoint.model_copy(update={"base_url": f"{self.base_url}/v1", "api_key": key})
 
     async def get_step(self, model: TrainableModel) -> int:
         return int((await self._post("/models/step", {"model": _payload(model)}))["step"])

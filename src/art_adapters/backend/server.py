@@ -8,8 +8,9 @@ import ipaddress
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -27,6 +28,7 @@ from .proxy import Guard, InferenceProxy
 log = logging.getLogger("art_adapters.server")
 
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
+INFERENCE_KEY_ENV = "ART_ADAPTERS_INFERENCE_KEY"
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 NDJSON = "application/x-ndjson"
 T = TypeVar("T")
@@ -100,16 +102,35 @@ class DeleteRequest(ModelRequest):
 
 
 class _State:
-    def __init__(self, backend: Backend, proxy: InferenceProxy) -> None:
+    def __init__(self, backend: Backend, proxy: InferenceProxy, allowed_base_models: set[str]) -> None:
         self.backend = backend
         self.proxy = proxy
+        self.allowed_base_models = allowed_base_models
         self.models: dict[tuple[str, str], Model] = {}
         self.endpoints: dict[tuple[str, str], InferenceEndpoint] = {}
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
+    def check_allowed(self, model: Model) -> None:
+        """A client chooses among the base models the operator allowed, and never the engine's settings."""
+        if not isinstance(model, TrainableModel):
+            return
+        if model.inference:
+            raise HTTPException(
+                403,
+                f"inference settings {sorted(model.inference)} are the server's to choose; start "
+                "`art-adapters serve` with them instead",
+            )
+        if _base_key(model.base_model) not in self.allowed_base_models:
+            raise HTTPException(
+                403,
+                f"base model {model.base_model!r} is not allowed on this server (the operator allows them with "
+                "`art-adapters serve --allow-base-model ...`)",
+            )
+
     async def register(self, model: Model) -> InferenceEndpoint:
         key = (model.project, model.name)
+        self.check_allowed(model)
         endpoint = await self.backend.register(model)
         model._backend = self.backend
         model.inference_base_url, model.inference_api_key = endpoint.base_url, endpoint.api_key
@@ -134,14 +155,22 @@ def create_app(
     backend: Backend,
     *,
     api_key: str | None,
+    inference_key: str | None = None,
+    allowed_base_models: Iterable[str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     public_url: str | None = None,
     heartbeat_s: float = 15.0,
     proxy_read_timeout_s: float = 600.0,
 ) -> FastAPI:
     """The FastAPI app serving `backend`. `public_url` overrides the base URL handed to clients (default: the URL
-    the request came in on); `heartbeat_s` is the idle gap after which a progress stream sends a heartbeat line."""
-    state = _State(backend, InferenceProxy(read_timeout_s=proxy_read_timeout_s))
+    the request came in on); `heartbeat_s` is the idle gap after which a progress stream sends a heartbeat line.
+
+    `api_key` opens every route, `inference_key` only `/v1/*` (and is the key handed to clients for inference).
+    `allowed_base_models`: what clients may register (default: the base models of the models already on disk)."""
+    allowed = set(allowed_base_models or ()) | registered_base_models(backend)
+    state = _State(
+        backend, InferenceProxy(read_timeout_s=proxy_read_timeout_s), {_base_key(b) for b in allowed}
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -154,7 +183,7 @@ def create_app(
     app = FastAPI(
         title="art-adapters backend", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, inference_key=inference_key)
     app.state.art = state
 
     @app.exception_handler(RequestValidationError)
@@ -176,7 +205,8 @@ def create_app(
         if not isinstance(body.model, TrainableModel):  # e.g. a judge on its own API: reached directly
             return {**endpoint.model_dump(), "proxied": False}
         base = (public_url or str(request.base_url)).rstrip("/")
-        answer = endpoint.model_copy(update={"base_url": f"{base}/v1", "api_key": api_key or "none"})
+        handed = inference_key or api_key or "none"  # rollouts sample with the key that cannot train
+        answer = endpoint.model_copy(update={"base_url": f"{base}/v1", "api_key": handed})
         return {**answer.model_dump(), "proxied": True}
 
     @app.post("/models/step")
@@ -232,6 +262,28 @@ def create_app(
 
 
 _END = object()
+
+
+def _base_key(base_model: str) -> str:
+    """How base models are compared: a local folder by its resolved path, a hub id as written."""
+    path = Path(base_model).expanduser()
+    return str(path.resolve()) if path.exists() else base_model
+
+
+def registered_base_models(backend: Backend) -> set[str]:
+    """The base models of the models already registered in a LocalBackend's folder (`*/models/*/model.json`)."""
+    root = getattr(backend, "path", None)
+    found: set[str] = set()
+    if root is None:
+        return found
+    for record in Path(root).glob("*/models/*/model.json"):
+        try:
+            base = json.loads(record.read_text()).get("base_model")
+        except (OSError, ValueError):
+            continue
+        if isinstance(base, str):
+            found.add(base)
+    return found
 
 
 async def _checked(awaitable: Awaitable[T]) -> T:
@@ -327,6 +379,8 @@ def serve(
     api_key: str | None = None,
     path: str = ".art",
     *,
+    inference_key: str | None = None,
+    allowed_base_models: Iterable[str] = (),
     backend: Backend | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
@@ -336,14 +390,23 @@ def serve(
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS)."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
+    if inference_key and not api_key:
+        raise SystemExit("art-adapters serve: --inference-key needs an admin --api-key too")
     import uvicorn
 
     if backend is None:
         from .local import LocalBackend
 
         backend = LocalBackend(path=path)
-    app = create_app(backend, api_key=api_key, max_body_bytes=max_body_bytes)
+    app = create_app(
+        backend,
+        api_key=api_key,
+        inference_key=inference_key,
+        allowed_base_models=allowed_base_models,
+        max_body_bytes=max_body_bytes,
+    )
     uvicorn.run(
         app,
         host=host,
@@ -365,7 +428,21 @@ def serve_command(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7999)
-    parser.add_argument("--api-key", default=None, help=f"required beyond loopback (or env {API_KEY_ENV})")
+    parser.add_argument(
+        "--api-key", default=None, help=f"admin key, required beyond loopback (or env {API_KEY_ENV})"
+    )
+    parser.add_argument(
+        "--inference-key",
+        default=None,
+        help=f"a second key that opens only /v1/* inference, handed to rollout workers (or env {INFERENCE_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--allow-base-model",
+        action="append",
+        default=[],
+        metavar="PATH_OR_HUB_ID",
+        help="a base model clients may register (repeatable); models already in --path are allowed too",
+    )
     parser.add_argument("--path", default=".art", help="backend folder (default .art)")
     parser.add_argument("--max-body-mb", type=int, default=DEFAULT_MAX_BODY_BYTES // 2**20)
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
@@ -376,6 +453,8 @@ def serve_command(argv: list[str] | None = None) -> None:
         args.port,
         args.api_key,
         args.path,
+        inference_key=args.inference_key,
+        allowed_base_models=args.allow_base_model,
         max_body_bytes=args.max_body_mb * 2**20,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -10,6 +11,8 @@ import httpx
 
 from ..trajectories import LLMCall, SampledChoice, Trajectory
 from .sse import parse_events, reassemble
+
+log = logging.getLogger(__name__)
 
 try:  # optional: ~3x faster parsing on the recording path; same values, ValueError on bad JSON
     from orjson import loads as _loads
@@ -70,6 +73,12 @@ class Exchange:
         if self.done:
             return
         self.done = True
+        if self.trajectory._sealed:
+            log.warning(
+                "a call to %s ended after its capture scope closed; not added to the finished trajectory",
+                self.url,
+            )
+            return
         latency = time.perf_counter() - self.t0
         request = self.request_json
         if request is None:

@@ -41,12 +41,14 @@ class capture:  # noqa: N801 - used like a function: `with capture() as trajecto
 
     def __enter__(self) -> Trajectory:
         self._tokens.append(CURRENT.set(self.trajectory))
+        self.trajectory._sealed = False
         return self.trajectory
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         CURRENT.reset(self._tokens.pop())
+        self.trajectory._sealed = True  # a call still in flight (a task that outlived the scope) is dropped
         self.trajectory.finish()
 
     async def __aenter__(self) -> Trajectory:

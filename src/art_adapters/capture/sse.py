@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+# SSE ends lines with CRLF, CR or LF only (str.splitlines would also split on U+2028, U+2029, U+0085, \x0b,
+# \x0c, \x1c-\x1e, which JSON strings may carry raw).
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def parse_events(raw: bytes) -> tuple[list[dict[str, Any]], bool, str | None]:
@@ -14,7 +19,7 @@ def parse_events(raw: bytes) -> tuple[list[dict[str, Any]], bool, str | None]:
     error: str | None = None
     data: list[str] = []
     text = raw.decode("utf-8", errors="replace")
-    for line in text.splitlines():
+    for line in _LINE_END.split(text):
         if line.startswith("data:"):
             data.append(line[6:] if line.startswith("data: ") else line[5:])
             continue

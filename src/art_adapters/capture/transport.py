@@ -148,7 +148,7 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
         )
         try:
             response = self.inner.handle_request(request)
-        except Exception as error:
+        except BaseException as error:  # cancellation too: the record still ends
             if exchange is not None:
                 exchange.finish(error)
             raise
@@ -211,7 +211,7 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
         )
         try:
             response = await self.inner.handle_async_request(request)
-        except Exception as error:
+        except BaseException as error:  # cancellation too: the record still ends
             if exchange is not None:
                 exchange.finish(error)
             raise
@@ -256,7 +256,7 @@ class _SyncTee(*_SYNC_STREAMS):  # type: ignore[misc]
             for chunk in self._inner:
                 append(chunk)
                 yield chunk
-        except Exception as error:
+        except BaseException as error:  # cancellation too: the record still ends
             self._exchange.finish(error)
             raise
         self._exchange.finish()
@@ -281,7 +281,7 @@ class _AsyncTee(*_ASYNC_STREAMS):  # type: ignore[misc]
             async for chunk in self._inner:
                 append(chunk)
                 yield chunk
-        except Exception as error:
+        except BaseException as error:  # cancellation too: the record still ends
             self._exchange.finish(error)
             raise
         self._exchange.finish()

@@ -132,9 +132,12 @@ async def call_tool(
             raise ToolError(f"wrong arguments for {name}: {error}") from None
         except ValueError:
             pass  # no introspectable signature (a builtin); let the call decide
-        result = fn(**kwargs)
-        if inspect.isawaitable(result):
-            result = await result
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(**kwargs)
+        else:  # a sync tool runs in a worker thread: a slow one never blocks the event loop
+            result = await asyncio.to_thread(fn, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
         return result if isinstance(result, str) else json.dumps(result, default=str)
     except ToolError as error:
         return f"Error: {error}"

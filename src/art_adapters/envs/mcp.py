@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from collections.abc import AsyncIterator, Mapping
@@ -43,11 +44,13 @@ class MCPServerSpec:
 
 
 @asynccontextmanager
-async def mcp_toolset(server: str | MCPServerSpec, *, prefix: str = "") -> AsyncIterator[ToolSet]:
+async def mcp_toolset(
+    server: str | MCPServerSpec, *, prefix: str = "", timeout_s: float = 30.0
+) -> AsyncIterator[ToolSet]:
     """Connect to the server, list its tools, and yield them as a ToolSet of async callables.
 
-    The connection lives as long as the `async with` block; a call after it (or one the server rejects) is an
-    error string, like any other tool failure.
+    The connection lives as long as the `async with` block; a call after it, one the server rejects, or one that
+    takes longer than `timeout_s` is an error string, like any other tool failure.
     """
     from mcp import ClientSession
 
@@ -73,7 +76,7 @@ async def mcp_toolset(server: str | MCPServerSpec, *, prefix: str = "") -> Async
         read, write = streams[0], streams[1]
         session = await stack.enter_async_context(ClientSession(read, write))
         await session.initialize()
-        yield ToolSet([_tool(session, t, prefix) for t in await _list_tools(session)])
+        yield ToolSet([_tool(session, t, prefix, timeout_s) for t in await _list_tools(session)])
 
 
 async def _list_tools(session: Any) -> list[Any]:
@@ -92,14 +95,17 @@ async def _list_tools(session: Any) -> list[Any]:
             return tools
 
 
-def _tool(session: Any, spec: Any, prefix: str) -> Tool:
+def _tool(session: Any, spec: Any, prefix: str, timeout_s: float) -> Tool:
     name = spec.name
     schema = dict(getattr(spec, "input_schema", None) or getattr(spec, "inputSchema", None) or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
 
     async def call(**arguments: Any) -> str:
-        result = await session.call_tool(name, arguments)
+        try:
+            result = await asyncio.wait_for(session.call_tool(name, arguments), timeout_s)
+        except TimeoutError:
+            return f"Error: tool {name} took longer than {timeout_s:g}s and was abandoned"
         text = content_text(result.content)
         if not text and getattr(result, "structured_content", None) is not None:
             text = json.dumps(result.structured_content, default=str)

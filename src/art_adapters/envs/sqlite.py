@@ -114,10 +114,21 @@ def build_database(path: str | Path, seed: int = 0, customers: int = 40, orders:
 
 
 class ReadOnlyDatabase:
-    """Runs one query at a time on a read-only connection, with a time limit and a row cap; errors are text."""
+    """Runs one query at a time on a read-only connection; errors are text. Bounded in time and memory: SQLite
+    refuses values over `max_value_bytes` and results over `max_columns` columns; rows are formatted one at a time
+    (each value cut at `max_value_chars`) and reading stops at `max_rows` rows or `max_chars` characters; the
+    `timeout_s` deadline covers the query and the formatting."""
 
     def __init__(
-        self, path: str | Path, timeout_s: float = 1.0, max_rows: int = 50, max_chars: int = 4000
+        self,
+        path: str | Path,
+        timeout_s: float = 1.0,
+        max_rows: int = 50,
+        max_chars: int = 4000,
+        *,
+        max_value_bytes: int = 64 * 1024,
+        max_columns: int = 64,
+        max_value_chars: int = 500,
     ) -> None:
         self.path = Path(path).resolve()
         if not self.path.exists():
@@ -125,12 +136,17 @@ class ReadOnlyDatabase:
         self.timeout_s = timeout_s
         self.max_rows = max_rows
         self.max_chars = max_chars
+        self.max_value_bytes = max_value_bytes
+        self.max_columns = max_columns
+        self.max_value_chars = max_value_chars
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
         conn.execute("PRAGMA query_only = ON")
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.max_value_bytes)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, self.max_columns)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 100_000)
         conn.set_authorizer(_authorize)
         return conn
 
@@ -143,8 +159,17 @@ class ReadOnlyDatabase:
         conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
         try:
             cursor = conn.execute(sql)
-            rows = cursor.fetchmany(self.max_rows + 1)
             columns = [d[0] for d in cursor.description or []]
+            table = _Table(columns, self.max_rows, self.max_chars, self.max_value_chars)
+            while not table.full:
+                if time.monotonic() > deadline:
+                    raise sqlite3.OperationalError("interrupted")
+                row = cursor.fetchone()
+                if row is None:
+                    break
+                table.add(row)
+            else:
+                table.more = cursor.fetchone() is not None
         except sqlite3.OperationalError as error:
             if time.monotonic() > deadline or "interrupted" in str(error):
                 return f"Error: query took longer than {self.timeout_s:g}s and was stopped"
@@ -153,7 +178,7 @@ class ReadOnlyDatabase:
             return f"Error: {error}"
         finally:
             conn.close()
-        return format_rows(columns, rows, self.max_rows, self.max_chars)
+        return table.text()
 
     async def aquery(self, sql: str) -> str:
         return await asyncio.to_thread(self.query, sql)
@@ -175,16 +200,48 @@ def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, 
     return sqlite3.SQLITE_DENY
 
 
-def format_rows(columns: list[str], rows: list[tuple[Any, ...]], max_rows: int, max_chars: int) -> str:
-    lines = [" | ".join(columns)] + [
-        " | ".join("NULL" if v is None else str(v) for v in r) for r in rows[:max_rows]
-    ]
-    if len(rows) > max_rows:
-        lines.append(f"... (more rows; only the first {max_rows} are shown)")
-    if not rows:
-        lines.append("(no rows)")
-    text = "\n".join(lines)
-    return text if len(text) <= max_chars else text[:max_chars] + "\n... (output truncated)"
+class _Table:
+    """A result table built row by row, never holding more than its character budget."""
+
+    def __init__(self, columns: list[str], max_rows: int, max_chars: int, max_value_chars: int) -> None:
+        self.lines = [" | ".join(columns)]
+        self.rows = 0
+        self.chars = len(self.lines[0])
+        self.max_rows, self.max_chars, self.max_value_chars = max_rows, max_chars, max_value_chars
+        self.more = False
+        self.truncated = False
+
+    @property
+    def full(self) -> bool:
+        return self.rows >= self.max_rows or self.truncated
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        line = " | ".join(self._value(v) for v in row)
+        self.rows += 1
+        if self.chars + len(line) + 1 > self.max_chars:
+            line = line[: max(self.max_chars - self.chars - 1, 0)]
+            self.truncated = True
+        self.lines.append(line)
+        self.chars += len(line) + 1
+
+    def _value(self, value: Any) -> str:
+        if value is None:
+            return "NULL"
+        if isinstance(value, bytes):
+            text = f"<{len(value)} bytes>"
+        else:
+            text = str(value)
+        return text if len(text) <= self.max_value_chars else text[: self.max_value_chars] + "..."
+
+    def text(self) -> str:
+        lines = list(self.lines)
+        if self.truncated:
+            lines.append("... (output truncated)")
+        elif self.more:
+            lines.append(f"... (more rows; only the first {self.max_rows} are shown)")
+        if self.rows == 0:
+            lines.append("(no rows)")
+        return "\n".join(lines)
 
 
 class SQLiteEnv:
@@ -193,8 +250,8 @@ class SQLiteEnv:
     def __init__(
         self, path: str | Path | None = None, seed: int = 0, timeout_s: float = 1.0, max_rows: int = 50
     ):
-        if path is None:
-            path = Path(tempfile.gettempdir()) / f"art-adapters-shop-{seed}.sqlite"
+        if path is None:  # a fresh private folder: a shared, predictable /tmp name could be planted by anyone
+            path = Path(tempfile.mkdtemp(prefix="art-adapters-shop-")) / f"shop-{seed}.sqlite"
         self.path = Path(path)
         if not self.path.exists():
             build_database(self.path, seed=seed)

