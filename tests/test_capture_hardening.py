@@ -104,3 +104,19 @@ async def test_the_hook_fails_soft_when_httpx_has_no_lookup_to_wrap(
             trajectory = await rollout()
     assert trajectory.reward == 1.0 and len(trajectory.llm_calls) == 1
     assert "has no _transport_for_url" in caplog.text and not base.hook_installed()
+
+
+async def test_choices_carry_the_sampling_they_came_from() -> None:
+    with ScriptedServer([Reply(content="a"), Reply(content="b")]) as server:
+        client = async_openai_client(
+            server.base_url, "k", request_token_ids=True, annotate_choices=True, max_retries=0
+        )
+        plain = await client.chat.completions.create(model="m", messages=USER, temperature=0.7)
+        guided = await client.chat.completions.create(
+            model="m", messages=USER, top_p=0.5, response_format={"type": "json_object"}
+        )
+    assert plain.choices[0].model_extra["sampling"] == {"temperature": 0.7, "unreproducible": []}
+    assert guided.choices[0].model_extra["sampling"] == {
+        "temperature": 1.0,
+        "unreproducible": ["top_p", "response_format"],
+    }

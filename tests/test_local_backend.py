@@ -49,7 +49,8 @@ async def test_register_writes_layout_and_serves_the_base_policy_as_step_0(
     ).read_text()
     assert (folder / "checkpoints" / "0000" / "adapter_config.json").is_file()
     assert await model.get_step() == 0
-    assert {"agent", "agent@0"} <= await served_names(vllm_server)
+    assert {"local/agent", "local/agent@0", "agent", "agent@0"} <= await served_names(vllm_server)
+    assert model.get_inference_name() == "local/agent"
     trainer = await backend.trainer(model)
     ids = trainer.tokenizer.apply_chat_template(MESSAGES, tokenize=True, return_dict=False) + [65, 66, 67]
     # Step 0 is a zero adapter: vLLM's logprobs equal the base model's (adapter disabled in the trainer).

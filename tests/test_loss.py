@@ -39,7 +39,7 @@ def test_ratio_one_gradient_equals_reinforce(variant: str, normalization: str, b
     lengths = [3, 7, 1, 5]
     new, adv, index = batch(lengths)
     config = TrainConfig(loss=variant, normalization=normalization, beta=beta)
-    totals = StepTotals(trained_tokens=sum(lengths), sequences=len(lengths))
+    totals = StepTotals(trained_tokens=sum(lengths), trajectories=len(lengths))
     ref = new.detach().clone() if beta else None  # fresh adapter: the policy is the reference policy
     loss, sums = policy_loss(new, new.detach().clone(), adv, index, config, totals, ref_logprobs=ref)
     expected = grad_of(reinforce_loss(new, adv, index, normalization, totals), new)
@@ -142,3 +142,29 @@ def test_group_advantages() -> None:
         group_advantages([1.0, float("nan")], group_index=4)
     with pytest.raises(RewardError, match="trajectory 0: reward is inf"):
         group_advantages([float("inf"), 1.0])
+
+
+def test_a_trajectory_split_into_rows_counts_once_for_sequence_normalization_and_gspo() -> None:
+    """Two rows of one trajectory (index 0) and one of another (index 1): one unit each."""
+    new = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    log_r = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.3, 0.3], dtype=torch.float64)
+    adv = torch.ones(6, dtype=torch.float64)
+    unit = torch.tensor([0, 0, 0, 0, 1, 1])  # trajectory 0 has 4 tokens (two rows of 2), trajectory 1 has 2
+    config = TrainConfig(loss="gspo", normalization="sequence", epsilon=0.5)
+    loss, _ = policy_loss(new, -log_r, adv, unit, config, StepTotals(6, 2))
+    g = grad_of(loss, new)
+    assert g[:4].tolist() == pytest.approx([-math.exp(0.1) / 4 / 2] * 4)  # one mean over all 4 tokens
+    assert g[4:].tolist() == pytest.approx([-math.exp(0.3) / 2 / 2] * 2)
+    assert TrainConfig(loss="gspo").normalization == "sequence" and TrainConfig(loss="gspo").epsilon == 3e-4
+    assert TrainConfig(loss="cispo").epsilon == 1.0 and TrainConfig(loss="cispo").clip_high == 4.0
+
+
+def test_truncated_importance_sampling_caps_the_sampler_weight() -> None:
+    new = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    sampled = torch.tensor([-3.0, float("nan")], dtype=torch.float64)  # sampler far less likely; unknown
+    adv = torch.ones(2, dtype=torch.float64)
+    config = TrainConfig(truncated_importance_sampling=2.0)
+    loss, sums = policy_loss(new, sampled, adv, torch.tensor([0, 1]), config, StepTotals(2, 2))
+    g = grad_of(loss, new)
+    assert g.tolist() == pytest.approx([-2.0 / 2, -1.0 / 2])  # weight min(e^3, 2) = 2; unknown: weight 1
+    assert sums["clipped"] == 0

@@ -266,3 +266,89 @@ def test_sft_samples_cover_the_assistant_turns(tokenizer):
     assert samples[0].completion_ids == encode(tokenizer, tool_call_text("Paris") + "\n")
     assert samples[1].completion_ids == encode(tokenizer, answer["content"] + "<|im_end|>\n")
     assert samples[1].prompt_ids == chat_template_ids(tokenizer, messages[:3], TOOLS)
+
+
+@pytest.mark.parametrize(
+    ("settings", "mode", "reason"),
+    [
+        ({"top_p": 0.9}, "processed_logprobs", "top_p"),
+        ({"tool_choice": "required"}, "processed_logprobs", "tool_choice"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            "processed_logprobs",
+            "response_format",
+        ),
+        (
+            {"logit_bias": {"5": 3}, "presence_penalty": 0.5},
+            "processed_logprobs",
+            "presence_penalty, logit_bias",
+        ),
+        ({"temperature": 0.7}, None, "unknown-kind logprobs at temperature 0.7"),
+    ],
+)
+def test_tokens_sampled_under_settings_the_trainer_cannot_reproduce_lose_their_ratio(
+    tokenizer, settings, mode, reason
+):
+    call = make_call(tokenizer, [{"role": "user", "content": "hi"}], None, [5, 6, 763])
+    call.request.update(settings)
+    call.logprobs_mode = mode
+    out = tokenize_trajectory(Trajectory(llm_calls=[call]), tokenizer, max_seq_len=64)
+    assert out.excluded_tokens == 3 and out.excluded_reasons == {reason}
+    assert all(
+        math.isnan(x)
+        for x, m in zip(out.sequences[0].sampled_logprobs, out.sequences[0].trained_mask, strict=True)
+        if m
+    )
+    neutral = make_call(tokenizer, [{"role": "user", "content": "hi"}], None, [5, 6, 763], temperature=0.7)
+    neutral.request.update({"top_p": 1.0, "top_k": -1, "tool_choice": "auto"})
+    kept = tokenize_trajectory(Trajectory(llm_calls=[neutral]), tokenizer, max_seq_len=64)
+    assert kept.excluded_tokens == 0 and kept.sequences[0].temperature == 0.7
+    assert kept.sequences[0].sampled_logprobs[-1] == -0.5
+
+
+def test_a_hand_built_choice_trains_at_the_temperature_it_was_sampled_at(tokenizer):
+    messages = [{"role": "user", "content": "hi"}]
+    ids = encode(tokenizer, "hello<|im_end|>")
+    choice = Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "hello"},
+            "token_ids": ids,
+            "prompt_token_ids": chat_template_ids(tokenizer, messages, None),
+            "sampling": {"temperature": 0.7, "unreproducible": []},
+            "logprobs": {
+                "content": [{"token": "x", "logprob": -0.25, "bytes": None, "top_logprobs": []}] * len(ids)
+            },
+        }
+    )
+    out = tokenize_trajectory(Trajectory(messages_and_choices=[*messages, choice]), tokenizer, max_seq_len=64)
+    assert out.sequences[0].temperature == 0.7 and out.excluded_tokens == 0
+    choice.model_extra["sampling"] = {"temperature": 0.7, "unreproducible": ["top_p"]}
+    out = tokenize_trajectory(Trajectory(messages_and_choices=[*messages, choice]), tokenizer, max_seq_len=64)
+    assert out.excluded_tokens == len(ids) and out.excluded_reasons == {"top_p"}
+
+
+def test_n_choices_train_only_the_one_the_agent_kept(tokenizer):
+    from art_adapters.trajectories import SampledChoice
+
+    messages = [{"role": "user", "content": "hi"}]
+    first = make_call(tokenizer, messages, None, encode(tokenizer, "one<|im_end|>"))
+    first.other_choices = [
+        SampledChoice(index=1, token_ids=encode(tokenizer, "two<|im_end|>"), logprobs=[-1.0] * 5)
+    ]
+    first.response = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "one"}}]}
+    follow = messages + [{"role": "assistant", "content": "two"}, {"role": "user", "content": "and?"}]
+    second = make_call(tokenizer, follow, None, [7, 763])
+    alone = tokenize_trajectory(Trajectory(llm_calls=[first]), tokenizer, max_seq_len=256)
+    assert trained_ids(alone.sequences) == encode(
+        tokenizer, "one<|im_end|>"
+    )  # nothing kept: the first choice
+    both = tokenize_trajectory(Trajectory(llm_calls=[first, second]), tokenizer, max_seq_len=256)
+    assert trained_ids(both.sequences) == encode(tokenizer, "two<|im_end|>") + [7, 763]  # the continued one
+    everything = tokenize_trajectory(
+        Trajectory(llm_calls=[first, second]), tokenizer, max_seq_len=256, train_unkept_choices=True
+    )
+    assert sorted(trained_ids(everything.sequences)) == sorted(
+        encode(tokenizer, "one<|im_end|>") + encode(tokenizer, "two<|im_end|>") + [7, 763]
+    )

@@ -348,3 +348,10 @@ async def test_vllm_serves_exactly_what_the_trainer_trained(model_path, tmp_path
                 choice = r.raise_for_status().json()["choices"][0]
                 mine = trainer.logprobs_of(prompt + choice["token_ids"], temperature, start=len(prompt))
                 assert mine == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-4)
+
+
+def test_rows_of_one_trajectory_share_a_micro_batch() -> None:
+    batches = pack_micro_batches([5, 5, 3, 3], budget=10, units=["a", "b", "a", "c"])
+    by_row = {row: i for i, batch in enumerate(batches) for row in batch}
+    assert by_row[0] == by_row[2]  # trajectory "a"'s two rows together
+    assert sorted(row for batch in batches for row in batch) == [0, 1, 2, 3]

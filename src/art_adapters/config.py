@@ -39,6 +39,10 @@ class TrainConfig(BaseModel):
         gt=0,
         description="TIS: cap the importance weight of the sampler's tokens at this value (None = no cap).",
     )
+    train_unkept_choices: bool = Field(
+        default=False,
+        description="n > 1: also train the choices the agent did not keep, under the trajectory's reward.",
+    )
     max_grad_norm: float = Field(default=1.0, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     micro_batch_tokens: int = Field(

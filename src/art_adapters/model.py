@@ -102,6 +102,7 @@ class Model(BaseModel):
                 api_key=self.inference_api_key or "none",
                 request_token_ids=token_ids,
                 annotate_choices=token_ids,
+                logprobs_mode=self._endpoint.logprobs_mode if self._endpoint else None,
             )
         return self._client
 

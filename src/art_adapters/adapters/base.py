@@ -51,6 +51,7 @@ class Route:
     prefixes: tuple[str, ...] = ()
     request_token_ids: bool = False
     model: Model | None = None
+    logprobs_mode: str | None = None
 
     def matches(self, url: Any) -> bool:
         text = str(url)
@@ -74,11 +75,12 @@ def route_for(
     prefixes = list(endpoints)
     if model is not None and model.inference_base_url:
         prefixes.append(model.inference_base_url)
+    endpoint = getattr(model, "_endpoint", None) if model is not None else None
     if request_token_ids is None:
-        endpoint = getattr(model, "_endpoint", None) if model is not None else None
         request_token_ids = bool(endpoint is not None and getattr(endpoint, "supports_token_ids", False))
     normalized = tuple(sorted({str(p).rstrip("/") + "/" for p in prefixes}))
-    return Route(prefixes=normalized, request_token_ids=request_token_ids, model=model)
+    mode = getattr(endpoint, "logprobs_mode", None) if endpoint is not None else None
+    return Route(prefixes=normalized, request_token_ids=request_token_ids, model=model, logprobs_mode=mode)
 
 
 # ---- the scoped transport hook ---------------------------------------------------------------------------------
@@ -195,7 +197,10 @@ _RECORDING: tuple[type, ...] = (RecordingTransport, AsyncRecordingTransport)
 
 
 def _wrap(transport: Any, route: Route, is_async: bool, is_httpx2: bool) -> Any:
-    options = {"request_token_ids": route.request_token_ids}
+    options: dict[str, Any] = {
+        "request_token_ids": route.request_token_ids,
+        "logprobs_mode": route.logprobs_mode,
+    }
     if not is_httpx2:
         return (
             AsyncRecordingTransport(transport, **options)

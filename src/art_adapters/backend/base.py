@@ -22,6 +22,9 @@ class InferenceEndpoint(BaseModel):
     api_key: str
     model_name: str
     supports_token_ids: bool = True
+    logprobs_mode: str | None = (
+        None  # what the engine's logprobs are (None: unknown, e.g. someone else's API)
+    )
 
 
 @runtime_checkable

@@ -35,6 +35,17 @@ class _Registered:
     step: int
     served: set[int] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    bare: bool = False  # also served under the bare `name` (no other project on this server uses it)
+
+    @property
+    def name(self) -> str:
+        """The adapter's served name: `{project}/{name}`, so projects sharing a server never share weights."""
+        return f"{self.model.project}/{self.model.name}"
+
+    def names(self, step: int | None = None) -> list[str]:
+        """Every name step `step` (None: the latest) is served under."""
+        bases = [self.name] + ([self.model.name] if self.bare else [])
+        return bases if step is None else [f"{b}@{step}" for b in bases]
 
 
 class LocalBackend(ARTTraining):
@@ -123,8 +134,14 @@ class LocalBackend(ARTTraining):
                     model=model, directory=directory, server=server, trainer=trainer, step=trainer.step
                 )
                 self._models[directory] = state
+            await self._claim_bare_name(state)
         await self._serve(state, state.step)
-        return InferenceEndpoint(base_url=server.base_url, api_key=server.api_key, model_name=model.name)
+        return InferenceEndpoint(
+            base_url=server.base_url,
+            api_key=server.api_key,
+            model_name=state.name,
+            logprobs_mode=server.config.logprobs_mode,
+        )
 
     async def get_step(self, model: TrainableModel) -> int:
         state = self._models.get(self.model_dir(model))
@@ -247,12 +264,14 @@ class LocalBackend(ARTTraining):
         for step in deleted:
             if state is not None and step in state.served:
                 state.served.discard(step)
-                await state.server.unload_lora(model.get_inference_name(step))
+                for name in state.names(step):
+                    await state.server.unload_lora(name)
         return deleted
 
     async def close(self) -> None:
         """Stop the servers this backend started (not those given to `use_server`) and drop the trainers."""
         owned, self._owned = self._owned, []
+        self._release_bare_claims()
         for server in owned:
             await server.stop()
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
@@ -270,11 +289,18 @@ class LocalBackend(ARTTraining):
     def __exit__(self, *exc: object) -> None:
         """Stop the servers this backend started (synchronously; usable with no event loop running)."""
         owned, self._owned = self._owned, []
+        self._release_bare_claims()
         for server in owned:
             server.kill_now()
             server.process = None
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
         self._models.clear()
+
+    def _release_bare_claims(self) -> None:
+        for state in self._models.values():
+            claims = state.server.bare_claims.get(state.model.name)
+            if claims is not None:
+                claims.discard(str(state.directory))
 
     # ------------------------------------------------------------------ for tests and checks
     async def trainer(self, model: TrainableModel) -> Trainer:
@@ -293,7 +319,8 @@ class LocalBackend(ARTTraining):
         """
         state = self._registered(model)
         trainer = await self.trainer(model)
-        served = await served_prompt_logprobs(state.server, model.get_inference_name(step), token_ids)
+        name = state.name if step is None else f"{state.name}@{step}"
+        served = await served_prompt_logprobs(state.server, name, token_ids)
         ours = await asyncio.to_thread(trainer.logprobs_of, token_ids)
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
@@ -380,14 +407,42 @@ class LocalBackend(ARTTraining):
         state.step = trainer.step
         await self._serve(state, state.step)
 
+    async def _claim_bare_name(self, state: _Registered) -> None:
+        """Serve the bare `name` too (ART code often sends `model.name`) unless another project on this server has
+        a model of that name: then the bare name is withdrawn from all of them, so a request for it fails loudly
+        instead of sampling another project's weights."""
+        claims = state.server.bare_claims.setdefault(state.model.name, set())
+        claims.add(str(state.directory))
+        state.bare = claims == {str(state.directory)}
+        if state.bare:
+            return
+        for (
+            other
+        ) in self._models.values():  # this backend's; other backends see the claim when they next serve
+            if other.bare and other.model.name == state.model.name:
+                other.bare = False
+        bare = state.model.name
+        for name in [n for n in state.server.loras if n == bare or n.startswith(f"{bare}@")]:
+            await state.server.unload_lora(name)
+        log.warning(
+            "model name %r is used by more than one project on this server: it is served only as "
+            "'{project}/%s' (use model.get_inference_name())",
+            bare,
+            bare,
+        )
+
     async def _serve(self, state: _Registered, step: int) -> None:
-        """Load `checkpoints/{step}` as `name@step` and (re)load it as `name`: each load has a new vLLM LoRA id."""
+        """Load `checkpoints/{step}` as `{project}/{name}@step` and (re)load it as `{project}/{name}` (and under the
+        bare `name`, while this project alone uses it on the server)."""
         from ..inference import InferenceServerError
         from ..training import checkpoints
 
         path = checkpoints.checkpoint_dir(state.directory, step)
+        if state.bare and state.server.bare_claims.get(state.model.name) != {str(state.directory)}:
+            state.bare = False  # another backend on this server registered the same name since
         try:
-            await state.server.load_lora(state.model.get_inference_name(step), path)
+            for name in state.names(step):
+                await state.server.load_lora(name, path)
         except InferenceServerError as error:
             if state.model.lora.modules_to_save:
                 error.add_note(
@@ -395,7 +450,8 @@ class LocalBackend(ARTTraining):
                     "adapter for many architectures (Qwen2 among them); train without modules_to_save"
                 )
             raise
-        await state.server.load_lora(state.model.name, path)  # re-use: unload, load, reset the prefix cache
+        for name in state.names():
+            await state.server.load_lora(name, path)  # re-use: reloaded in place, prefix cache reset
         state.served.add(step)
 
 

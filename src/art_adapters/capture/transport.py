@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from .record import Exchange, decode
+from .sampling import sampling_note
 from .scope import CURRENT
 
 try:
@@ -60,8 +61,11 @@ def _ask_token_ids(request: httpx.Request, body: bytes) -> tuple[httpx.Request, 
     return new, body, payload
 
 
-def _annotated(response: httpx.Response, raw: bytes, exchange: Exchange | None) -> httpx.Response:
-    """Copy the top-level `prompt_token_ids` into each choice (so a kept openai Choice carries them)."""
+def _annotated(
+    response: httpx.Response, raw: bytes, exchange: Exchange | None, request: dict[str, Any] | None
+) -> httpx.Response:
+    """Copy the top-level `prompt_token_ids` into each choice, with the sampling it came from (temperature and the
+    settings the trainer cannot reproduce), so a kept openai Choice trains against the right distribution."""
     decoded = decode(raw, response.headers)
     try:
         body = json.loads(decoded)
@@ -80,12 +84,24 @@ def _annotated(response: httpx.Response, raw: bytes, exchange: Exchange | None) 
         return type(response)(
             response.status_code, headers=response.headers, content=raw, extensions=response.extensions
         )
-    choices = [{**c, "prompt_token_ids": ids} if isinstance(c, dict) else c for c in body["choices"]]  # type: ignore[index]
+    note = sampling_note(request or {})
+    choices = [
+        {**c, "prompt_token_ids": ids, "sampling": note} if isinstance(c, dict) else c
+        for c in body["choices"]  # type: ignore[index]
+    ]
     content = json.dumps({**body, "choices": choices}).encode()  # type: ignore[dict-item]
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _DROP_ON_REWRITE]
     return type(response)(
         response.status_code, headers=headers, content=content, extensions=response.extensions
     )
+
+
+def _json_or_none(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _wants_annotation(response: httpx.Response, payload: dict[str, Any] | None, body: bytes) -> bool:
@@ -162,7 +178,9 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
                     exchange.finish(error)
                 raise
             response.close()
-            return _annotated(response, raw, exchange)
+            return _annotated(
+                response, raw, exchange, payload if payload is not None else _json_or_none(body)
+            )
         if exchange is None:
             return response
         exchange.status, exchange.headers = response.status_code, response.headers
@@ -225,7 +243,9 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
                     exchange.finish(error)
                 raise
             await response.aclose()
-            return _annotated(response, raw, exchange)
+            return _annotated(
+                response, raw, exchange, payload if payload is not None else _json_or_none(body)
+            )
         if exchange is None:
             return response
         exchange.status, exchange.headers = response.status_code, response.headers

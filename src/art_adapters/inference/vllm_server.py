@@ -85,6 +85,9 @@ class VLLMServer:
         self.on_cuda = False
         self.process: subprocess.Popen[bytes] | None = None
         self.loras: dict[str, Path] = {}
+        self.bare_claims: dict[
+            str, set[str]
+        ] = {}  # bare model name -> model folders that use it (LocalBackend)
         self.startup_s: float | None = None
         self.last_lora_load_ms: float | None = None
 

@@ -1,12 +1,18 @@
 """Group advantages and the clipped, importance-weighted policy-gradient loss (GRPO family), top to bottom.
 
-Variants (r = exp(logp_new - logp_sampled) per trained token, A = the sequence's group advantage):
+Variants (r = exp(logp_new - logp_sampled) per trained token, A = the trajectory's group advantage):
   grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) per token (PPO clip; epsilon_high > epsilon is DAPO).
-  gspo:   the same, but r is the sequence ratio exp(mean over its trained tokens of logp_new - logp_sampled).
-  cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new (clipped ratio as a stop-gradient weight).
+  gspo:   the same, but r is the trajectory's ratio exp(mean over its trained tokens of logp_new - logp_sampled);
+          defaults as published: clip 3e-4 / 4e-4, sequence normalization.
+  cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new; by default no lower clip (epsilon 1), upper 4.
+  tis:    with truncated_importance_sampling=C the ratio is taken against the trainer's own pre-step policy
+          (r = 1 in value) and each token weighted by min(exp(logp_pre - logp_sampled), C) (Yao et al. 2025).
   beta:   + beta * k3 per token, k3 = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1 (ref = adapter off).
   token:      normalization sums the step's per-token losses and divides by the step's trained tokens.
-  sequence:   normalization averages each sequence's tokens, then averages over the step's sequences.
+  sequence:   normalization averages each trajectory's tokens, then averages over the step's trajectories.
+A "sequence" is the whole trajectory even when its template rewrote history and it trains as several token rows.
+Tokens whose sampled logprob is unknown or not of a distribution the trainer reproduces (top_p, guided decoding,
+penalties, greedy; see tokenize.excluded_reason) carry NaN and are trained on-policy: ratio 1, weight 1.
 Both normalizations use step totals, so splitting a step into micro-batches leaves the gradient unchanged.
 """
 
@@ -48,7 +54,7 @@ class StepTotals:
     """Totals over the whole step, so each micro-batch's loss is its exact share of the step's loss."""
 
     trained_tokens: int
-    sequences: int
+    trajectories: int
 
 
 def policy_loss(
@@ -62,8 +68,8 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch's trained tokens (1-D tensors, one entry per trained token).
 
-    `sequence_index[t]` numbers the token's sequence inside the micro-batch (0..n-1; a sequence is never split
-    across micro-batches). NaN sampled logprobs (the engine returned none) count as on-policy (ratio 1).
+    `sequence_index[t]` numbers the token's trajectory inside the micro-batch (0..n-1; a trajectory is never split
+    across micro-batches). NaN sampled logprobs (none returned, or excluded) count as on-policy (ratio 1).
     Returns the loss to backpropagate and sums for the step's metrics (divide by `tokens`).
     """
     # 1. Log-ratio against the sampling policy, per token.
@@ -74,7 +80,12 @@ def policy_loss(
     seq_tokens.index_add_(0, sequence_index, torch.ones_like(new_logprobs))
     tokens_of_seq = seq_tokens[sequence_index]
 
-    # 2. The importance ratio: per token, or (GSPO) the sequence's geometric mean, with per-token gradient.
+    # 2. The importance ratio: per token, or (GSPO) the trajectory's geometric mean, with per-token gradient; with
+    #    TIS, against the trainer's pre-step policy, the sampler's mismatch becomes a capped per-token weight.
+    tis = torch.ones_like(new_logprobs)
+    if config.truncated_importance_sampling is not None:
+        tis = torch.clamp(torch.exp(new_logprobs.detach() - old), max=config.truncated_importance_sampling)
+        log_ratio = new_logprobs - new_logprobs.detach()
     if config.loss == "gspo":
         seq_log_ratio = torch.zeros_like(seq_tokens).index_add_(0, sequence_index, log_ratio.detach())
         seq_log_ratio = (seq_log_ratio / seq_tokens)[sequence_index]
@@ -86,10 +97,10 @@ def policy_loss(
 
     # 3. The policy-gradient term.
     if config.loss == "cispo":
-        per_token = -clipped_ratio.detach() * advantages * new_logprobs
+        per_token = -clipped_ratio.detach() * advantages * new_logprobs * tis
         clipped = (ratio < low) | (ratio > high)
     else:
-        per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
+        per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages) * tis
         clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
 
     # 4. Optional KL to the reference policy (k3: unbiased, always >= 0).
@@ -104,7 +115,7 @@ def policy_loss(
     if config.normalization == "token":
         weights = torch.full_like(per_token, 1.0 / max(totals.trained_tokens, 1))
     else:
-        weights = 1.0 / (tokens_of_seq * max(totals.sequences, 1))
+        weights = 1.0 / (tokens_of_seq * max(totals.trajectories, 1))
     loss = (per_token * weights).sum()
 
     sums = {
@@ -128,4 +139,4 @@ def reinforce_loss(
     if normalization == "token":
         return -(advantages * new_logprobs).sum() / max(totals.trained_tokens, 1)
     counts = torch.bincount(sequence_index).to(new_logprobs.dtype)[sequence_index]
-    return -(advantages * new_logprobs / counts).sum() / max(totals.sequences, 1)
+    return -(advantages * new_logprobs / counts).sum() / max(totals.trajectories, 1)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
+from ..capture.sampling import unreproducible_settings
 from ..trajectories import History, LLMCall, Message, Tools, Trajectory, messages_of
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,14 @@ class TrainSequence:
 
 @dataclass
 class Sample:
-    """One sampled completion and the exact prompt it was sampled from."""
+    """One sampled completion and the exact prompt it was sampled from. `excluded`: why its logprobs are not of a
+    distribution the trainer reproduces (they are dropped: NaN, no importance ratio), or None."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
     temperature: float
+    excluded: str | None = None
 
 
 @dataclass
@@ -73,6 +76,8 @@ class TokenizedTrajectory:
     skipped: bool = False
     truncated_tokens: int = 0
     reason: str = ""
+    excluded_tokens: int = 0  # sampled tokens trained without an importance ratio (see Sample.excluded)
+    excluded_reasons: set[str] = field(default_factory=set)
 
 
 def tokenize_trajectory(
@@ -84,10 +89,14 @@ def tokenize_trajectory(
     group_index: int = 0,
     trajectory_index: int = 0,
     advantage: float = 0.0,
+    train_unkept_choices: bool = False,
 ) -> TokenizedTrajectory:
-    """Turn one trajectory into training sequences (see the module docstring); skipped if nothing was sampled."""
+    """Turn one trajectory into training sequences (see the module docstring); skipped if nothing was sampled.
+
+    Of a call's n > 1 choices, only those the agent kept (continued by a later call, or appended as a Choice)
+    are trained, the first choice when none was; `train_unkept_choices` trains them all under the reward."""
     name = f"trajectory {trajectory_index} of group {group_index}"
-    samples = samples_of(trajectory, tokenizer)
+    samples = samples_of(trajectory, tokenizer, train_unkept_choices=train_unkept_choices)
     if not samples:
         reason = f"{name} has no sampled token ids (not captured through our client?); skipped"
         log.warning(reason)
@@ -97,6 +106,10 @@ def tokenize_trajectory(
     out = sequences_from_samples(
         samples, max_seq_len=max_seq_len, group_index=group_index, trajectory_index=trajectory_index
     )
+    for sample in samples:
+        if sample.excluded:
+            out.excluded_tokens += len(sample.completion_ids)
+            out.excluded_reasons.add(sample.excluded)
     for sequence in out.sequences:
         sequence.advantage = advantage
     if not out.sequences:
@@ -168,14 +181,16 @@ def _check_vocab(samples: list[Sample], vocab_size: int, name: str) -> None:
 # --- where the samples come from ------------------------------------------------------------------------
 
 
-def samples_of(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
+def samples_of(
+    trajectory: Trajectory, tokenizer: ChatTokenizer, *, train_unkept_choices: bool = False
+) -> list[Sample]:
     """Every sampled completion of the trajectory, in order: captured calls first, then hand-built Choices.
 
     A Choice whose sampled ids equal a captured call's is the same sample (the conversation view of the call)
-    and is not counted twice.
+    and is not counted twice. Unkept choices of n > 1 calls are left out (see `tokenize_trajectory`).
     """
     histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
-    samples: list[Sample] = []
+    per_call: list[list[Sample]] = []
     calls_seen: set[tuple[Any, ...]] = set()
     for history in histories:
         for call in history.llm_calls:  # a history may list calls the trajectory lists too (`finish()`)
@@ -186,26 +201,66 @@ def samples_of(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]
             )
             if key not in calls_seen:
                 calls_seen.add(key)
-                samples += _samples_of_call(call)
+                per_call.append(_samples_of_call(call))
+    if not train_unkept_choices:
+        per_call = _kept_choices(per_call, _choice_ids(histories))
+    samples = [s for call in per_call for s in call]
     seen = Counter(tuple(s.completion_ids) for s in samples)
     for history in histories:
         samples += _samples_of_choices(history.messages_and_choices, history.tools, tokenizer, seen)
     return samples
 
 
+def excluded_reason(request: dict[str, Any], logprobs_mode: str | None) -> str | None:
+    """Why logprobs recorded for `request` are not of a distribution the trainer reproduces (it applies only the
+    temperature): settings such as top_p or guided decoding, greedy sampling, or logprobs of unknown or raw kind
+    at a temperature other than 1. None when they can be used."""
+    reasons = unreproducible_settings(request)
+    temperature = _temperature(request)
+    if temperature < 1e-5:
+        reasons.append("temperature 0 (greedy)")
+    elif temperature != 1.0 and logprobs_mode != "processed_logprobs":
+        reasons.append(f"{logprobs_mode or 'unknown-kind'} logprobs at temperature {temperature:g}")
+    return ", ".join(reasons) or None
+
+
+def _choice_ids(histories: list[History | Trajectory]) -> set[tuple[int, ...]]:
+    """Sampled ids of the Choices the rollout appended to its conversations (choices it kept)."""
+    out: set[tuple[int, ...]] = set()
+    for history in histories:
+        for item in history.messages_and_choices:
+            ids = _extra(item, "token_ids") if isinstance(item, Choice) else None
+            if ids:
+                out.add(tuple(ids))
+    return out
+
+
+def _kept_choices(per_call: list[list[Sample]], appended: set[tuple[int, ...]]) -> list[list[Sample]]:
+    """Of each call's choices, those a later call continues or the rollout appended; the first if none was."""
+    out: list[list[Sample]] = []
+    for i, choices in enumerate(per_call):
+        if len(choices) <= 1:
+            out.append(choices)
+            continue
+        later = [s.prompt_ids for call in per_call[i + 1 :] for s in call]
+        kept = [s for s in choices if _is_kept(s, later, appended)]
+        out.append(kept or choices[:1])
+    return out
+
+
+def _is_kept(sample: Sample, later_prompts: list[list[int]], appended: set[tuple[int, ...]]) -> bool:
+    whole = sample.prompt_ids + sample.completion_ids
+    return tuple(sample.completion_ids) in appended or any(p[: len(whole)] == whole for p in later_prompts)
+
+
 def _samples_of_call(call: LLMCall) -> list[Sample]:
     if call.error or not call.prompt_token_ids:
         return []
     temperature = _temperature(call.request)
-    keep_logprobs = call.logprobs_mode in (None, "processed_logprobs") or temperature == 1.0
-    if temperature < 1e-5:  # greedy: no sampling distribution to take a ratio against
-        temperature, keep_logprobs = 1.0, False
-    elif not keep_logprobs:
-        log.warning(
-            "call logprobs are %s at temperature %s (not the sampling distribution); ratio taken as 1",
-            call.logprobs_mode,
-            temperature,
-        )
+    excluded = excluded_reason(call.request, call.logprobs_mode)
+    if temperature < 1e-5:  # greedy: no sampling distribution; the trainer's own at T=1 stands in
+        temperature = 1.0
+    keep_logprobs = excluded is None
     choices = [(call.completion_token_ids, call.logprobs)]
     choices += [(c.token_ids, c.logprobs) for c in call.other_choices]
     samples = []
@@ -218,6 +273,7 @@ def _samples_of_call(call: LLMCall) -> list[Sample]:
                 completion_ids=list(token_ids),
                 logprobs=_aligned(logprobs if keep_logprobs else None, len(token_ids)),
                 temperature=temperature,
+                excluded=excluded,
             )
         )
     return samples
@@ -245,13 +301,19 @@ def _samples_of_choices(
         logprobs = None
         if item.logprobs is not None and item.logprobs.content is not None:
             logprobs = [entry.logprob for entry in item.logprobs.content]
-        temperature = _extra(item, "temperature")
+        note = _extra(item, "sampling") or {}  # what the recording client noted of the request (our backend)
+        temperature = note.get("temperature", _extra(item, "temperature"))
+        temperature = 1.0 if temperature is None else float(temperature)
+        excluded = ", ".join(note.get("unreproducible") or []) or None
+        if temperature < 1e-5:
+            temperature, excluded = 1.0, ", ".join(filter(None, [excluded, "temperature 0 (greedy)"]))
         samples.append(
             Sample(
                 prompt_ids=[int(t) for t in prompt_ids],
                 completion_ids=[int(t) for t in token_ids],
-                logprobs=_aligned(logprobs, len(token_ids)),
-                temperature=float(temperature) if temperature is not None else 1.0,
+                logprobs=_aligned(None if excluded else logprobs, len(token_ids)),
+                temperature=temperature,
+                excluded=excluded,
             )
         )
     return samples

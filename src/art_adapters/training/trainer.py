@@ -178,11 +178,14 @@ class Trainer:
         if not sequences:
             metrics["skipped_reason"] = skip_reason(groups, metrics)
             return metrics
-        totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), sequences=len(sequences))
+        trajectories = len({_unit(s) for s in sequences})  # a trajectory may train as several rows
+        totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), trajectories=trajectories)
         self._seed_step()
         self.model.train()
         sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl": 0.0}
-        batches = pack_micro_batches([len(s) for s in sequences], config.micro_batch_tokens)
+        batches = pack_micro_batches(
+            [len(s) for s in sequences], config.micro_batch_tokens, [_unit(s) for s in sequences]
+        )
         for batch in batches:
             loss, part = self._micro_batch_loss([sequences[i] for i in batch], config, totals)
             loss.backward()
@@ -215,7 +218,9 @@ class Trainer:
             "skipped_trajectories": 0,
             "trained_tokens": 0,
             "truncated_tokens": 0,
+            "ratio_excluded_tokens": 0,
         }
+        excluded_reasons: set[str] = set()
         sequences: list[TrainSequence] = []
         for g, group in enumerate(groups):
             group_advantages([t.reward for t in group.trajectories], group_index=g)  # NaN/inf -> error
@@ -228,8 +233,11 @@ class Trainer:
                     vocab_size=self.vocab_size,
                     group_index=g,
                     trajectory_index=i,
+                    train_unkept_choices=config.train_unkept_choices,
                 )
                 metrics["truncated_tokens"] += out.truncated_tokens
+                metrics["ratio_excluded_tokens"] += out.excluded_tokens
+                excluded_reasons |= out.excluded_reasons
                 if out.skipped:
                     metrics["skipped_trajectories"] += 1
                 else:
@@ -248,6 +256,13 @@ class Trainer:
                     sequence.advantage = advantage
                     sequences.append(sequence)
         metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
+        if metrics["ratio_excluded_tokens"]:
+            log.warning(
+                "%d sampled tokens came from distributions the trainer does not reproduce (%s): trained without an "
+                "importance ratio (on-policy weight 1), see training/loss.py",
+                metrics["ratio_excluded_tokens"],
+                "; ".join(sorted(excluded_reasons)),
+            )
         return sequences, metrics
 
     def _micro_batch_loss(
@@ -264,7 +279,10 @@ class Trainer:
         flat = [(b, t) for b, ts in enumerate(targets) for t in ts]
         sampled = torch.tensor([batch[b].sampled_logprobs[t] for b, t in flat], dtype=torch.float32)
         advantages = torch.tensor([batch[b].advantage for b, _ in flat], dtype=torch.float32)
-        seq_index = torch.tensor([b for b, _ in flat], dtype=torch.long)
+        units: dict[tuple[int, int], int] = {}  # each trajectory's index inside this micro-batch
+        for sequence in batch:
+            units.setdefault(_unit(sequence), len(units))
+        seq_index = torch.tensor([units[_unit(batch[b])] for b, _ in flat], dtype=torch.long)
         return policy_loss(
             new,
             sampled.to(self.device),
@@ -366,17 +384,28 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
     return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
 
 
-def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices grouped so each batch's padded size (rows x longest row) fits `budget`; longest first."""
+def _unit(sequence: TrainSequence) -> tuple[int, int]:
+    """The trajectory a training row belongs to."""
+    return (sequence.group_index, sequence.trajectory_index)
+
+
+def pack_micro_batches(lengths: list[int], budget: int, units: list[object] | None = None) -> list[list[int]]:
+    """Indices grouped so each batch's padded size (rows x longest row) fits `budget`; longest first. Rows of one
+    unit (a trajectory's sequences) always share a batch, so its per-trajectory terms stay exact."""
+    keys = units if units is not None else list(range(len(lengths)))
+    members: dict[object, list[int]] = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
     batches: list[list[int]] = []
     current: list[int] = []
     width = 0
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if current and max(width, lengths[i]) * (len(current) + 1) > budget:
+    for rows in sorted(members.values(), key=lambda rows: -max(lengths[i] for i in rows)):
+        longest = max(lengths[i] for i in rows)
+        if current and max(width, longest) * (len(current) + len(rows)) > budget:
             batches.append(current)
             current, width = [], 0
-        current.append(i)
-        width = max(width, lengths[i])
+        current.extend(rows)
+        width = max(width, longest)
     if current:
         batches.append(current)
     return batches

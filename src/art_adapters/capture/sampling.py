@@ -1,0 +1,52 @@
+"""Which request settings change the distribution a token was sampled from beyond temperature, which the trainer
+reproduces; tokens sampled under any other are excluded from the importance ratio (see training/loss.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def unreproducible_settings(request: dict[str, Any]) -> list[str]:
+    """The request's sampling settings the trainer cannot reproduce (vLLM's processed logprobs include them)."""
+    found: list[str] = []
+
+    def differs(key: str, neutral: Any, *, also: tuple[Any, ...] = ()) -> None:
+        value = request.get(key)
+        if value is not None and value != neutral and value not in also:
+            found.append(key)
+
+    differs("top_p", 1, also=(1.0,))
+    differs("top_k", -1, also=(0,))
+    differs("min_p", 0, also=(0.0,))
+    differs("presence_penalty", 0, also=(0.0,))
+    differs("frequency_penalty", 0, also=(0.0,))
+    differs("repetition_penalty", 1, also=(1.0,))
+    differs("min_tokens", 0)
+    for key in (
+        "logit_bias",
+        "bad_words",
+        "allowed_token_ids",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    ):
+        if request.get(key):
+            found.append(key)
+    response_format = request.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
+        found.append("response_format")
+    tool_choice = request.get("tool_choice")
+    if tool_choice == "required" or isinstance(tool_choice, dict):
+        found.append("tool_choice")
+    return found
+
+
+def sampling_note(request: dict[str, Any]) -> dict[str, Any]:
+    """What a hand-built Choice must carry to be trained against the right distribution."""
+    temperature = request.get("temperature")
+    return {
+        "temperature": 1.0 if temperature is None else float(temperature),
+        "unreproducible": unreproducible_settings(request),
+    }
