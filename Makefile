@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# torch==2.13.0+cpu is not on PyPI: a machine whose pip already finds it (a local wheel folder, checked offline)
+# installs from there; any other gets PyTorch's CPU wheel index too. Evaluated only when the venv is built.
+TORCH_PIN := torch==2.13.0+cpu
+TORCH_INDEX = $(shell $(PYTHON) -m pip install --dry-run --quiet --no-deps --no-index --ignore-installed "$(TORCH_PIN)" >/dev/null 2>&1 || echo "--extra-index-url https://download.pytorch.org/whl/cpu")
 # Trainer and vLLM share 2 cores: spinning OpenMP workers would steal them from each other (measured: a small
 # matmul 30x slower under load with the default policy).
 export OMP_WAIT_POLICY ?= PASSIVE
@@ -15,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints-cpu.txt -e ".[cpu,dev]"
+	$(BIN)/pip install -q -c constraints-cpu.txt $(TORCH_INDEX) -e ".[cpu,dev]"
 	# PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch and nothing here needs them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

@@ -37,7 +37,11 @@ async def rollout(model: art.Model, question: str, answer: int, max_tokens: int 
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)
     text = (choice.message.content or "").strip()
-    trajectory.reward = 1.0 if text == str(answer) else (0.2 if str(answer) in text else 0.0)
+    # Right: 1; the answer somewhere in the text: 0.2; among wrong answers, shorter ones (a number only) win.
+    if text == str(answer):
+        trajectory.reward = 1.0
+    else:
+        trajectory.reward = (0.2 if str(answer) in text else 0.0) - min(len(text), 100) / 1000
     trajectory.metrics["chars"] = len(text)
     return trajectory
 
@@ -81,9 +85,11 @@ async def main(argv: list[str] | None = None) -> list[float]:
         )
         mean = sum(t.reward for g in groups for t in g) / max(sum(len(g) for g in groups), 1)
         rewards.append(mean)
-        print(f"step {step}: reward {mean:.3f}", flush=True)
+        line = f"step {step}: reward {mean:.3f}"
         if isinstance(model, art.TrainableModel):
-            await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+            metrics = await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+            line += f" trained_tokens {metrics['trained_tokens']}"
+        print(line, flush=True)
     return rewards
 
 

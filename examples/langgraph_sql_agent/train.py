@@ -70,7 +70,9 @@ async def main(argv: list[str] | None = None) -> list[float]:
             state = await agent.ainvoke({"messages": messages}, {"recursion_limit": args.max_steps})
         except GraphRecursionError:
             return 0.0
-        return env.reward(scenario, state["messages"][-1].content)
+        answer = str(state["messages"][-1].content)
+        # The exact answer: 1; among wrong ones, shorter answers (the ANSWER line only) win ties.
+        return env.reward(scenario, answer) or -min(len(answer), 200) / 2000
 
     train = env.scenarios("train")
     rewards: list[float] = []
@@ -84,13 +86,13 @@ async def main(argv: list[str] | None = None) -> list[float]:
         mean = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
         calls = sum(len(t.llm_calls) for t in trajectories)
         rewards.append(mean)
-        print(
-            f"step {step}: reward {mean:.3f} over {len(trajectories)} rollouts, {calls} LLM calls", flush=True
-        )
         if args.out:
             write_jsonl(args.out, trajectories)
+        line = f"step {step}: reward {mean:.3f} over {len(trajectories)} rollouts, {calls} LLM calls"
         if isinstance(model, art.TrainableModel):
-            await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+            metrics = await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+            line += f", trained_tokens {metrics['trained_tokens']}"
+        print(line, flush=True)
     return rewards
 
 
