@@ -80,7 +80,7 @@ async def rollout(model: TrainableModel, request: str, target: str, seed: int | 
     messages = scenario_messages(request)
     async with capture() as trajectory:
         first = await client.chat.completions.create(
-            model=model.name,
+            model=model.get_inference_name(),
             messages=messages,
             tools=TOOLS,
             max_tokens=32,
@@ -96,7 +96,7 @@ async def rollout(model: TrainableModel, request: str, target: str, seed: int | 
             result = TOOL_RESULTS.get(name or "", "unknown tool")
             messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": result})
             await client.chat.completions.create(
-                model=model.name,
+                model=model.get_inference_name(),
                 messages=messages,
                 tools=TOOLS,
                 max_tokens=8,
