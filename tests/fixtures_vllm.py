@@ -101,3 +101,21 @@ async def registered_on(
         yield backend, model
     finally:
         await backend.close()
+
+
+async def sampled_group(
+    model: art.TrainableModel, rewards: list[float], prompt: str = "Say a word", max_tokens: int = 6
+) -> art.TrajectoryGroup:
+    """One trajectory per reward, each a seeded completion of `prompt` from `model.openai_client()` (Choices carry
+    their sampled ids), ART's hand-built way."""
+    client = model.openai_client()
+    trajectories = []
+    for k, reward in enumerate(rewards):
+        messages = [{"role": "user", "content": f"{prompt} ({k})."}]
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=messages, max_tokens=max_tokens, seed=k
+        )
+        trajectories.append(
+            art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
+        )
+    return art.TrajectoryGroup(trajectories)

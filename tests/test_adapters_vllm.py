@@ -165,6 +165,20 @@ def spans(sequence: TrainSequence) -> list[tuple[int, int]]:
     return out
 
 
+def trained_logprobs(call: art.LLMCall) -> list[float]:
+    """What training keeps of a call's logprobs: steered calls (guided choice + logit_bias) sampled from a
+    distribution the trainer does not reproduce, so their tokens train without an importance ratio (NaN)."""
+    steered = "structured_outputs" in call.request or "logit_bias" in call.request
+    return [math.nan] * len(call.logprobs or []) if steered else list(call.logprobs or [])
+
+
+def same_floats(a: list[float], b: list[float]) -> bool:
+    """Equal, NaN matching NaN."""
+    return len(a) == len(b) and all(
+        x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True)
+    )
+
+
 def assert_trained_is_sampled(trajectory: art.Trajectory, tokenizer: Any) -> TokenizedTrajectory:
     """Tokenized for training, the trained tokens (mask 1) are every call's sampled tokens, logprobs likewise."""
     calls = trajectory.llm_calls
@@ -173,7 +187,9 @@ def assert_trained_is_sampled(trajectory: art.Trajectory, tokenizer: Any) -> Tok
     trained = [t for s in out.sequences for t, m in zip(s.input_ids, s.trained_mask, strict=True) if m]
     lps = [x for s in out.sequences for x, m in zip(s.sampled_logprobs, s.trained_mask, strict=True) if m]
     assert trained == [t for c in calls for t in c.completion_token_ids]
-    assert lps == [x for c in calls for x in c.logprobs]
+    expected = [x for c in calls for x in trained_logprobs(c)]
+    assert same_floats(lps, expected)
+    assert out.excluded_tokens == sum(math.isnan(b) for b in expected)
     for sequence in out.sequences:
         assert all(
             math.isnan(x)
@@ -197,7 +213,7 @@ def assert_one_sequence(trajectory: art.Trajectory, tokenizer: Any) -> TrainSequ
     for (start, end), call in zip(trained, calls, strict=True):
         assert sequence.input_ids[:start] == call.prompt_token_ids
         assert sequence.input_ids[start:end] == call.completion_token_ids
-        assert sequence.sampled_logprobs[start:end] == call.logprobs
+        assert same_floats(sequence.sampled_logprobs[start:end], trained_logprobs(call))
     for (_, end), (start, _) in zip(trained, trained[1:], strict=False):
         assert start > end  # the tool result (and the template around it) as untrained context
     assert sequence.input_ids == calls[-1].prompt_token_ids + calls[-1].completion_token_ids

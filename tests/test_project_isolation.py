@@ -10,23 +10,10 @@ import pytest
 
 import art_adapters as art
 from art_adapters.inference import VLLMServer
+from fixtures_vllm import sampled_group
 
 pytestmark = [pytest.mark.vllm, pytest.mark.train]
 aio = pytest.mark.asyncio(loop_scope="session")
-
-
-async def group_of(model: art.TrainableModel, rewards: list[float]) -> art.TrajectoryGroup:
-    client = model.openai_client()
-    trajectories = []
-    for k, reward in enumerate(rewards):
-        messages = [{"role": "user", "content": f"Name a colour ({k})."}]
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(), messages=messages, max_tokens=8, seed=k
-        )
-        trajectories.append(
-            art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
-        )
-    return art.TrajectoryGroup(trajectories)
 
 
 @aio
@@ -55,11 +42,14 @@ async def test_same_model_name_in_two_projects_serves_each_its_own_weights(
             (models[0], backends[0], [1.0, 0.0, 1.0, 0.0]),
         ]:
             result = await backend.train(
-                model, [await group_of(model, rewards)], learning_rate=5e-3, loss_fn="ppo"
+                model,
+                [await sampled_group(model, rewards, "Name a colour", max_tokens=8)],
+                learning_rate=5e-3,
+                loss_fn="ppo",
             )
             assert result.metrics["trained_tokens"] > 0
         ids = (
-            (await group_of(models[0], [0.0]))
+            (await sampled_group(models[0], [0.0], "Name a colour"))
             .trajectories[0]
             .messages_and_choices[-1]
             .model_extra["prompt_token_ids"]

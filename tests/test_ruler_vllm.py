@@ -85,11 +85,12 @@ async def test_ruler_score_group_end_to_end(judge_server: VLLMServer) -> None:
     result = await ruler_score_group(
         group, judge_server.model_name, client=client, ordered_ids=True, max_retries=0, **BOUNDS
     )
-    assert result is group
+    assert result is not None and result is not group  # a new group, as in ART
     assert (
         len(bodies) == 1 and bodies[0]["response_format"]["json_schema"]["strict"] is True
     )  # one try, schema on
-    for t in group:
+    assert all(t.reward == 0.25 and "independent_reward" not in t.metrics for t in group)  # input untouched
+    for t in result:
         assert 0.0 <= t.reward <= 1.0
         assert t.metrics["independent_reward"] == 0.25
         assert isinstance(t.metadata["ruler_explanation"], str) and t.logs
@@ -102,6 +103,5 @@ async def test_art_model_as_judge(judge_server: VLLMServer) -> None:
         inference_api_key=judge_server.api_key,
         inference_model_name=judge_server.model_name,
     )
-    group = make_group()
-    assert await ruler_score_group(group, judge, ordered_ids=True, max_retries=0, **BOUNDS) is group
-    assert all(t.metadata["ruler_judge"] == judge_server.model_name for t in group)
+    scored = await ruler_score_group(make_group(), judge, ordered_ids=True, max_retries=0, **BOUNDS)
+    assert scored is not None and all(t.metadata["ruler_judge"] == judge_server.model_name for t in scored)

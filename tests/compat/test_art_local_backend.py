@@ -13,7 +13,7 @@ import pytest_asyncio
 
 import art_adapters as art
 from art_adapters.inference import VLLMServer
-from fixtures_vllm import registered_on
+from fixtures_vllm import registered_on, sampled_group
 
 pytestmark = [pytest.mark.vllm, pytest.mark.train]
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -29,20 +29,6 @@ async def registered(
         yield pair
 
 
-async def rollouts(model: art.TrainableModel, rewards: list[float]) -> art.TrajectoryGroup:
-    client = model.openai_client()
-    trajectories = []
-    for k, reward in enumerate(rewards):
-        messages = [{"role": "user", "content": f"Say a word ({k})."}]
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(), messages=messages, max_tokens=6, seed=k
-        )
-        trajectories.append(
-            art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
-        )
-    return art.TrajectoryGroup(trajectories)
-
-
 @aio
 async def test_backend_train_skips_advance_and_trains_change_weights(
     registered: tuple[art.LocalBackend, art.TrainableModel],
@@ -50,7 +36,7 @@ async def test_backend_train_skips_advance_and_trains_change_weights(
     backend, model = registered
     folder = backend.model_dir(model)
     start = await model.get_step()
-    groups = [await rollouts(model, [0.5, 0.5, 0.5])]
+    groups = [await sampled_group(model, [0.5, 0.5, 0.5])]
     result = await backend.train(model, groups, learning_rate=1e-3)
     assert isinstance(result, art.LocalTrainResult) and result.step == start + 1 == await model.get_step()
     assert result.metrics["trained_tokens"] == 0
@@ -65,7 +51,7 @@ async def test_backend_train_skips_advance_and_trains_change_weights(
         or '"split": "train"' not in (folder / "history.jsonl").read_text()
     )
 
-    groups = [await rollouts(model, [0.0, 1.0, 0.0, 1.0])]
+    groups = [await sampled_group(model, [0.0, 1.0, 0.0, 1.0])]
     result = await backend.train(model, groups, learning_rate=1e-3, loss_fn="ppo")
     assert result.step == start + 2 and result.metrics["trained_tokens"] > 0
     trained = folder / "checkpoints" / f"{start + 2:04d}" / "adapter_model.safetensors"

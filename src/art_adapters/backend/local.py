@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,36 +14,20 @@ from ..model import Model, TrainableModel, check_name
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .metrics import all_trajectories, best_step, record_log, rollout_metrics
+from .serving import (
+    Registered,
+    claim_bare_name,
+    release_bare_claims,
+    required_lora_rank,
+    serve_step,
+    served_prompt_logprobs,
+)
 
 if TYPE_CHECKING:
     from ..inference import InferenceConfig, VLLMServer
     from ..training.trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Registered:
-    """What the backend holds for one registered TrainableModel."""
-
-    model: TrainableModel
-    directory: Path
-    server: VLLMServer
-    trainer: Trainer | None
-    step: int
-    served: set[int] = field(default_factory=set)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    bare: bool = False  # also served under the bare `name` (no other project on this server uses it)
-
-    @property
-    def name(self) -> str:
-        """The adapter's served name: `{project}/{name}`, so projects sharing a server never share weights."""
-        return f"{self.model.project}/{self.model.name}"
-
-    def names(self, step: int | None = None) -> list[str]:
-        """Every name step `step` (None: the latest) is served under."""
-        bases = [self.name] + ([self.model.name] if self.bare else [])
-        return bases if step is None else [f"{b}@{step}" for b in bases]
 
 
 class LocalBackend(ARTTraining):
@@ -58,7 +40,7 @@ class LocalBackend(ARTTraining):
         self.inference = inference
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
-        self._models: dict[Path, _Registered] = {}  # by model folder
+        self._models: dict[Path, Registered] = {}  # by model folder
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
@@ -130,12 +112,12 @@ class LocalBackend(ARTTraining):
                         self._owned.remove(server)
                         self._servers.pop(base, None)
                     raise
-                state = _Registered(
+                state = Registered(
                     model=model, directory=directory, server=server, trainer=trainer, step=trainer.step
                 )
                 self._models[directory] = state
-            await self._claim_bare_name(state)
-        await self._serve(state, state.step)
+            await claim_bare_name(state, list(self._models.values()))
+        await serve_step(state, state.step)
         return InferenceEndpoint(
             base_url=server.base_url,
             api_key=server.api_key,
@@ -271,7 +253,7 @@ class LocalBackend(ARTTraining):
     async def close(self) -> None:
         """Stop the servers this backend started (not those given to `use_server`) and drop the trainers."""
         owned, self._owned = self._owned, []
-        self._release_bare_claims()
+        release_bare_claims(list(self._models.values()))
         for server in owned:
             await server.stop()
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
@@ -289,18 +271,12 @@ class LocalBackend(ARTTraining):
     def __exit__(self, *exc: object) -> None:
         """Stop the servers this backend started (synchronously; usable with no event loop running)."""
         owned, self._owned = self._owned, []
-        self._release_bare_claims()
+        release_bare_claims(list(self._models.values()))
         for server in owned:
             server.kill_now()
             server.process = None
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
         self._models.clear()
-
-    def _release_bare_claims(self) -> None:
-        for state in self._models.values():
-            claims = state.server.bare_claims.get(state.model.name)
-            if claims is not None:
-                claims.discard(str(state.directory))
 
     # ------------------------------------------------------------------ for tests and checks
     async def trainer(self, model: TrainableModel) -> Trainer:
@@ -325,7 +301,7 @@ class LocalBackend(ARTTraining):
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
     # ------------------------------------------------------------------ internals
-    def _registered(self, model: TrainableModel) -> _Registered:
+    def _registered(self, model: TrainableModel) -> Registered:
         state = self._models.get(self.model_dir(model))
         if state is None:
             raise RuntimeError(
@@ -372,7 +348,7 @@ class LocalBackend(ARTTraining):
             checkpoints.save_checkpoint(directory, 0, trainer.save)
         return trainer
 
-    async def _run_trainer(self, state: _Registered, work: Any) -> dict[str, Any]:
+    async def _run_trainer(self, state: Registered, work: Any) -> dict[str, Any]:
         """Run `work(trainer)` in a thread with vLLM asleep (CUDA); a failure after the update drops the trainer."""
         trainer = state.trainer or await asyncio.to_thread(self._load_trainer, state.model, state.directory)
         state.trainer = trainer
@@ -389,7 +365,7 @@ class LocalBackend(ARTTraining):
         finally:
             await state.server.wake_up()
 
-    async def _save_and_serve(self, state: _Registered, *, unchanged: bool = False) -> None:
+    async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
         """Save the trainer's new step (a copy of the last checkpoint when the weights are `unchanged`), serve it."""
         from ..training import checkpoints
 
@@ -405,89 +381,4 @@ class LocalBackend(ARTTraining):
         else:
             await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
         state.step = trainer.step
-        await self._serve(state, state.step)
-
-    async def _claim_bare_name(self, state: _Registered) -> None:
-        """Serve the bare `name` too (ART code often sends `model.name`) unless another project on this server has
-        a model of that name: then the bare name is withdrawn from all of them, so a request for it fails loudly
-        instead of sampling another project's weights."""
-        claims = state.server.bare_claims.setdefault(state.model.name, set())
-        claims.add(str(state.directory))
-        state.bare = claims == {str(state.directory)}
-        if state.bare:
-            return
-        for (
-            other
-        ) in self._models.values():  # this backend's; other backends see the claim when they next serve
-            if other.bare and other.model.name == state.model.name:
-                other.bare = False
-        bare = state.model.name
-        for name in [n for n in state.server.loras if n == bare or n.startswith(f"{bare}@")]:
-            await state.server.unload_lora(name)
-        log.warning(
-            "model name %r is used by more than one project on this server: it is served only as "
-            "'{project}/%s' (use model.get_inference_name())",
-            bare,
-            bare,
-        )
-
-    async def _serve(self, state: _Registered, step: int) -> None:
-        """Load `checkpoints/{step}` as `{project}/{name}@step` and (re)load it as `{project}/{name}` (and under the
-        bare `name`, while this project alone uses it on the server)."""
-        from ..inference import InferenceServerError
-        from ..training import checkpoints
-
-        path = checkpoints.checkpoint_dir(state.directory, step)
-        if state.bare and state.server.bare_claims.get(state.model.name) != {str(state.directory)}:
-            state.bare = False  # another backend on this server registered the same name since
-        try:
-            for name in state.names(step):
-                await state.server.load_lora(name, path)
-        except InferenceServerError as error:
-            if state.model.lora.modules_to_save:
-                error.add_note(
-                    f"LoRAConfig.modules_to_save={state.model.lora.modules_to_save}: vLLM 0.32 serves no lm_head "
-                    "adapter for many architectures (Qwen2 among them); train without modules_to_save"
-                )
-            raise
-        for name in state.names():
-            await state.server.load_lora(name, path)  # re-use: reloaded in place, prefix cache reset
-        state.served.add(step)
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def required_lora_rank(base_model: Path, model: TrainableModel) -> int:
-    """The `--max-lora-rank` serving this model's adapter needs (a trained lm_head ships as a rank-hidden delta)."""
-    from ..training.adapter_io import vllm_max_lora_rank
-
-    rank = model.lora.rank
-    if model.lora.modules_to_save:
-        config = json.loads((base_model / "config.json").read_text())
-        rank = max(
-            rank, int(config.get("hidden_size") or config.get("text_config", {}).get("hidden_size", rank))
-        )
-    return vllm_max_lora_rank(rank)
-
-
-async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids: list[int]) -> list[float]:
-    """vLLM's logprob of each `token_ids[i]` (i >= 1) given `token_ids[:i]`, under the served `model_name`."""
-    import httpx
-
-    body = {
-        "model": model_name,
-        "prompt": list(token_ids),
-        "max_tokens": 1,
-        "temperature": 1.0,
-        "prompt_logprobs": 0,
-    }
-    async with httpx.AsyncClient(timeout=120.0) as client:
-        response = await client.post(f"{server.base_url}/completions", json=body, headers=server.headers)
-    response.raise_for_status()
-    data = response.json()
-    entries = data["choices"][0].get("prompt_logprobs") or data.get("prompt_logprobs")
-    out = []
-    for entry, token in zip(entries[1:], token_ids[1:], strict=True):
-        out.append(float(entry[str(token)]["logprob"]))
-    return out
+        await serve_step(state, state.step)

@@ -19,6 +19,7 @@ import torch
 from ..config import LoRAConfig, SFTConfig, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
 from . import adapter_io
+from .batching import pack_micro_batches, trajectory_of
 from .loss import StepTotals, group_advantages, policy_loss
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples, tokenize_trajectory
 
@@ -178,13 +179,13 @@ class Trainer:
         if not sequences:
             metrics["skipped_reason"] = skip_reason(groups, metrics)
             return metrics
-        trajectories = len({_unit(s) for s in sequences})  # a trajectory may train as several rows
+        trajectories = len({trajectory_of(s) for s in sequences})  # a trajectory may train as several rows
         totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), trajectories=trajectories)
         self._seed_step()
         self.model.train()
         sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl": 0.0}
         batches = pack_micro_batches(
-            [len(s) for s in sequences], config.micro_batch_tokens, [_unit(s) for s in sequences]
+            [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
         )
         for batch in batches:
             loss, part = self._micro_batch_loss([sequences[i] for i in batch], config, totals)
@@ -281,8 +282,8 @@ class Trainer:
         advantages = torch.tensor([batch[b].advantage for b, _ in flat], dtype=torch.float32)
         units: dict[tuple[int, int], int] = {}  # each trajectory's index inside this micro-batch
         for sequence in batch:
-            units.setdefault(_unit(sequence), len(units))
-        seq_index = torch.tensor([units[_unit(batch[b])] for b, _ in flat], dtype=torch.long)
+            units.setdefault(trajectory_of(sequence), len(units))
+        seq_index = torch.tensor([units[trajectory_of(batch[b])] for b, _ in flat], dtype=torch.long)
         return policy_loss(
             new,
             sampled.to(self.device),
@@ -382,33 +383,6 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
     if not groups or not metrics["trajectories"]:
         parts.append("no trajectories were given")
     return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
-
-
-def _unit(sequence: TrainSequence) -> tuple[int, int]:
-    """The trajectory a training row belongs to."""
-    return (sequence.group_index, sequence.trajectory_index)
-
-
-def pack_micro_batches(lengths: list[int], budget: int, units: list[object] | None = None) -> list[list[int]]:
-    """Indices grouped so each batch's padded size (rows x longest row) fits `budget`; longest first. Rows of one
-    unit (a trajectory's sequences) always share a batch, so its per-trajectory terms stay exact."""
-    keys = units if units is not None else list(range(len(lengths)))
-    members: dict[object, list[int]] = {}
-    for i, key in enumerate(keys):
-        members.setdefault(key, []).append(i)
-    batches: list[list[int]] = []
-    current: list[int] = []
-    width = 0
-    for rows in sorted(members.values(), key=lambda rows: -max(lengths[i] for i in rows)):
-        longest = max(lengths[i] for i in rows)
-        if current and max(width, longest) * (len(current) + len(rows)) > budget:
-            batches.append(current)
-            current, width = [], 0
-        current.extend(rows)
-        width = max(width, longest)
-    if current:
-        batches.append(current)
-    return batches
 
 
 def _std(values: list[float]) -> float:

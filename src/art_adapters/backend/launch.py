@@ -1,0 +1,121 @@
+"""Running the backend server: the bind check (no key beyond loopback), `serve(...)` and `art-adapters serve`."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterable
+
+from .base import Backend
+
+API_KEY_ENV = "ART_ADAPTERS_API_KEY"
+INFERENCE_KEY_ENV = "ART_ADAPTERS_INFERENCE_KEY"
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to listen beyond loopback without an API key."""
+    if not api_key and not is_loopback(host):
+        raise SystemExit(
+            f"art-adapters serve: refusing to listen on {host!r} without an API key. Anyone who can reach it could "
+            f"train and query your models. Pass --api-key KEY (or set {API_KEY_ENV}), or bind 127.0.0.1."
+        )
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 7999,
+    api_key: str | None = None,
+    path: str = ".art",
+    *,
+    inference_key: str | None = None,
+    allowed_base_models: Iterable[str] = (),
+    backend: Backend | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "info",
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+) -> None:
+    """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
+    and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS)."""
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
+    check_bind(host, api_key)
+    if inference_key and not api_key:
+        raise SystemExit("art-adapters serve: --inference-key needs an admin --api-key too")
+    import uvicorn
+
+    if backend is None:
+        from .local import LocalBackend
+
+        backend = LocalBackend(path=path)
+    from .server import create_app
+
+    app = create_app(
+        backend,
+        api_key=api_key,
+        inference_key=inference_key,
+        allowed_base_models=allowed_base_models,
+        max_body_bytes=max_body_bytes,
+    )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        backlog=2048,
+        timeout_keep_alive=30,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+    )
+
+
+def serve_command(argv: list[str] | None = None) -> None:
+    """`art-adapters serve --host 127.0.0.1 --port 7999 [--api-key KEY] [--path .art]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="art-adapters serve", description="Expose a LocalBackend over HTTP."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=7999)
+    parser.add_argument(
+        "--api-key", default=None, help=f"admin key, required beyond loopback (or env {API_KEY_ENV})"
+    )
+    parser.add_argument(
+        "--inference-key",
+        default=None,
+        help=f"a second key that opens only /v1/* inference, handed to rollout workers (or env {INFERENCE_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--allow-base-model",
+        action="append",
+        default=[],
+        metavar="PATH_OR_HUB_ID",
+        help="a base model clients may register (repeatable); models already in --path are allowed too",
+    )
+    parser.add_argument("--path", default=".art", help="backend folder (default .art)")
+    parser.add_argument("--max-body-mb", type=int, default=DEFAULT_MAX_BODY_BYTES // 2**20)
+    parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
+    args = parser.parse_args(argv)
+    serve(
+        args.host,
+        args.port,
+        args.api_key,
+        args.path,
+        inference_key=args.inference_key,
+        allowed_base_models=args.allow_base_model,
+        max_body_bytes=args.max_body_mb * 2**20,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
