@@ -213,3 +213,14 @@ async def test_a_slow_sync_tool_does_not_block_the_event_loop() -> None:
     assert await call_tool({"slow": slow}, "slow", "{}") == "done"
     task.cancel()
     assert ticks >= 10  # the loop kept running while the tool slept
+
+
+def test_the_private_folder_goes_with_the_env() -> None:
+    import gc
+
+    env = SQLiteEnv()
+    folder = env.path.parent
+    assert folder.is_dir()
+    del env
+    gc.collect()
+    assert not folder.exists()

@@ -6,9 +6,11 @@ import asyncio
 import os
 import random
 import re
+import shutil
 import sqlite3
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +253,11 @@ class SQLiteEnv:
         self, path: str | Path | None = None, seed: int = 0, timeout_s: float = 1.0, max_rows: int = 50
     ):
         if path is None:  # a fresh private folder: a shared, predictable /tmp name could be planted by anyone
-            path = Path(tempfile.mkdtemp(prefix="art-adapters-shop-")) / f"shop-{seed}.sqlite"
+            folder = tempfile.mkdtemp(prefix="art-adapters-shop-")
+            weakref.finalize(
+                self, shutil.rmtree, folder, ignore_errors=True
+            )  # removed with the env (or at exit)
+            path = Path(folder) / f"shop-{seed}.sqlite"
         self.path = Path(path)
         if not self.path.exists():
             build_database(self.path, seed=seed)
