@@ -164,6 +164,7 @@ def train_config(
     """
     config = (base or TrainConfig()).model_copy()
     update: dict[str, Any] = {}
+    normalize = True
     for key, value in (knobs or {}).items():
         if key in _NO_EFFECT or key == "verbose":
             continue
@@ -185,8 +186,8 @@ def train_config(
         elif key in ("epsilon", "epsilon_high", "scale_rewards", "truncated_importance_sampling"):
             if value is not None:
                 update[key] = value
-        elif key == "normalize_advantages":
-            update["scale_rewards"] = bool(value) and update.get("scale_rewards", config.scale_rewards)
+        elif key == "normalize_advantages":  # ART's older alias: False turns the std scaling off
+            normalize = bool(value)
         elif key == "kl_penalty_coef":
             update["beta"] = float(value)
         elif key == "packed_sequence_length":
@@ -201,6 +202,8 @@ def train_config(
                 update["sequence_ratio"] = True
         else:
             raise UnsupportedARTSetting(f"{where}: unknown ART setting {key!r}")
+    if not normalize:
+        update["scale_rewards"] = False
     if update.pop("sequence_ratio", False):
         if update.get("loss", config.loss) == "cispo":
             raise UnsupportedARTSetting(

@@ -114,6 +114,8 @@ async def test_backend_train_maps_arts_keywords(
 
     await backend.train(model, groups(), normalize_advantages=False, logprob_calculation_chunk_size=256)
     assert backend.steps[-1][0].scale_rewards is False
+    await backend.train(model, groups(), normalize_advantages=False, scale_rewards=True)  # either order
+    assert backend.steps[-1][0].scale_rewards is False
 
 
 @pytest.mark.parametrize(
