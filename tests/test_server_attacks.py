@@ -3,6 +3,7 @@ or another's model, and gets a clear refusal, while the backend and the upstream
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,13 @@ async def test_remote_backend_refuses_engine_settings_before_sending(served: str
     with pytest.raises(art.RemoteBackendError, match="the server's"):
         await model.register(art.RemoteBackend(served, api_key=ADMIN))
     assert fake.calls == []
+
+
+def test_base_models_already_on_disk_are_allowed_by_default(tmp_path: Path, upstream: ScriptedServer) -> None:
+    fake = FakeBackend(tmp_path / "art", upstream.base_url)
+    record = tmp_path / "art" / "proj" / "models" / "old" / "model.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"name": "old", "project": "proj", "base_model": "disk-model"}))
+    with running(create_app(fake, api_key=ADMIN)) as url, as_user(url, ADMIN) as admin:
+        assert register(admin, base_model="disk-model").status_code == 200
+        assert register(admin, base_model="tiny").status_code == 403  # not on disk, not allowed at start

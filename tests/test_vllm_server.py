@@ -321,3 +321,27 @@ async def test_every_vllm_route_needs_the_key_and_the_key_is_not_on_the_command_
 
 def command_lines(pids: list[int]) -> list[tuple[int, bytes]]:
     return [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()) for pid in pids]
+
+
+def test_engine_flags_and_the_key_travel_as_configured(tiny_model: Path) -> None:
+    server = VLLMServer(
+        tiny_model, InferenceConfig(enforce_eager=True, max_num_seqs=8, extra_env={"VLLM_API_KEY": ""})
+    )
+    command = server.command()
+    assert command[1:3] == ["-m", "art_adapters.inference.guarded_vllm"]
+    assert "--enforce-eager" in command and command[command.index("--max-num-seqs") + 1] == "8"
+    assert "--api-key" not in command and server.api_key not in " ".join(command)
+    assert server.environment()["VLLM_API_KEY"] == server.api_key  # operator settings cannot unset the guard
+
+
+def test_the_guarded_launcher_refuses_to_start_without_a_key() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    done = subprocess.run(
+        [sys.executable, "-m", "art_adapters.inference.guarded_vllm", "--model", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0 and "refusing to start an unguarded server" in done.stderr

@@ -328,7 +328,13 @@ async def test_log_http_errors_names_status_url_and_detail() -> None:
 
 def test_format_message_strip_logprobs_and_paths(tmp_path: Path) -> None:
     from art_adapters.utils import format_message, get_model_step, strip_logprobs
-    from art_adapters.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
+    from art_adapters.utils.output_dirs import (
+        get_model_dir,
+        get_models_dir,
+        get_output_dir_from_model_properties,
+        get_step_checkpoint_dir,
+        get_trajectories_split_dir,
+    )
 
     text = format_message(
         {
@@ -345,6 +351,11 @@ def test_format_message_strip_logprobs_and_paths(tmp_path: Path) -> None:
     assert folder == str(tmp_path / "p" / "models" / "m")
     Path(get_step_checkpoint_dir(folder, 7)).mkdir(parents=True)
     assert get_model_step(model, str(tmp_path)) == 7
+    assert get_models_dir("p", str(tmp_path)) == str(tmp_path / "p" / "models")
+    assert get_output_dir_from_model_properties("p", "m", str(tmp_path)) == folder
+    assert get_trajectories_split_dir(folder, "val") == str(Path(folder) / "trajectories" / "val")
+    with pytest.raises(ValueError, match="must match"):
+        get_trajectories_split_dir(folder, "../../etc")
     with pytest.raises(ValueError, match="must match"):
         get_model_dir(art.Model.model_construct(name="../x", project="p", base_path="."))
 
