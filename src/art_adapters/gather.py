@@ -57,22 +57,25 @@ class _Gather:
                 yield
 
     def done(self, trajectory: Trajectory | None) -> None:
+        """Advance the progress bar (its running means exist only to be shown, so nothing is kept without one)."""
+        if self.pbar is None:
+            return
         if trajectory is not None:
             self.rewards.append(trajectory.reward)
-            for key, value in trajectory.metrics.items():
-                if isinstance(value, int | float):
-                    self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
-                    self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
-        if self.pbar is not None:
-            mean = sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
-            postfix = {"reward": f"{mean:.3f}", "exceptions": self.failures}
-            keys = list(self.metric_sums)
-            if self.max_metrics is not None:  # None: every metric; N: the first N seen
-                keys = keys[: self.max_metrics]
-            for key in keys:
-                postfix[key] = f"{self.metric_sums[key] / self.metric_counts[key]:.3g}"
-            self.pbar.set_postfix(postfix, refresh=False)
-            self.pbar.update(1)
+            if self.max_metrics != 0:
+                for key, value in trajectory.metrics.items():
+                    if isinstance(value, int | float):
+                        self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
+                        self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
+        mean = sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+        postfix = {"reward": f"{mean:.3f}", "exceptions": self.failures}
+        keys = list(self.metric_sums)
+        if self.max_metrics is not None:  # None: every metric; N: the first N seen
+            keys = keys[: self.max_metrics]
+        for key in keys:
+            postfix[key] = f"{self.metric_sums[key] / self.metric_counts[key]:.3g}"
+        self.pbar.set_postfix(postfix, refresh=False)
+        self.pbar.update(1)
 
     def failed(self, error: Exception) -> None:
         """Count a failure; re-raise it once more rollouts failed than allowed."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -253,12 +252,3 @@ class TrainableModel(Model):
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete every checkpoint but the latest and the best by the metric; returns the deleted steps."""
         return await self.backend().delete_checkpoints(self, best_checkpoint_metric)
-
-    def output_dir(self) -> Path:
-        """`{base_path}/{project}/models/{name}` (ART's layout; the backend's path when it is local)."""
-        backend = self._backend
-        if backend is not None and hasattr(backend, "model_dir"):
-            return Path(backend.model_dir(self))
-        from .training.checkpoints import model_dir
-
-        return model_dir(self.project, self.name, self.base_path)

@@ -220,7 +220,6 @@ class LocalBackend(ARTTraining):
     ) -> dict[str, float]:
         """Record groups and metrics at `step` (default: the current one): trajectories/{split}/{step}.jsonl and a
         history row of `{split}/...` metrics (`{split}/reward` for `best_checkpoint_metric="val/reward"`)."""
-        check_name("split", split)
         if step is None:
             step = await self.get_step(model) if isinstance(model, TrainableModel) else 0
         return await asyncio.to_thread(record_log, self.model_dir(model), groups, split, step, metrics)

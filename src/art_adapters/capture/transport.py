@@ -104,16 +104,11 @@ def _json_or_none(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _wants_annotation(response: httpx.Response, payload: dict[str, Any] | None, body: bytes) -> bool:
+def _wants_annotation(response: httpx.Response, payload: dict[str, Any] | None) -> bool:
     """A JSON answer to a non-streamed request (a stream is never buffered, whatever its content type)."""
     if response.status_code >= 300 or "text/event-stream" in response.headers.get("content-type", ""):
         return False
-    if payload is None:
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return False
-    return not (isinstance(payload, dict) and payload.get("stream"))
+    return not (payload or {}).get("stream")
 
 
 class _Options:
@@ -157,6 +152,8 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
         payload = None
         if options.request_token_ids and kind == "chat":
             request, body, payload = _ask_token_ids(request, body)
+        elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
+            payload = _json_or_none(body)
         exchange = (
             Exchange(trajectory, request, body, payload, options.logprobs_mode)
             if trajectory is not None
@@ -168,7 +165,7 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
             if exchange is not None:
                 exchange.finish(error)
             raise
-        if options.annotate_choices and kind == "chat" and _wants_annotation(response, payload, body):
+        if options.annotate_choices and kind == "chat" and _wants_annotation(response, payload):
             try:
                 raw = b"".join(response.stream)
             except Exception as error:
@@ -178,9 +175,7 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
                     exchange.finish(error)
                 raise
             response.close()
-            return _annotated(
-                response, raw, exchange, payload if payload is not None else _json_or_none(body)
-            )
+            return _annotated(response, raw, exchange, payload)
         if exchange is None:
             return response
         exchange.status, exchange.headers = response.status_code, response.headers
@@ -222,6 +217,8 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
         payload = None
         if options.request_token_ids and kind == "chat":
             request, body, payload = _ask_token_ids(request, body)
+        elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
+            payload = _json_or_none(body)
         exchange = (
             Exchange(trajectory, request, body, payload, options.logprobs_mode)
             if trajectory is not None
@@ -233,7 +230,7 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
             if exchange is not None:
                 exchange.finish(error)
             raise
-        if options.annotate_choices and kind == "chat" and _wants_annotation(response, payload, body):
+        if options.annotate_choices and kind == "chat" and _wants_annotation(response, payload):
             try:
                 raw = b"".join([chunk async for chunk in response.stream])  # type: ignore[union-attr]
             except Exception as error:
@@ -243,9 +240,7 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
                     exchange.finish(error)
                 raise
             await response.aclose()
-            return _annotated(
-                response, raw, exchange, payload if payload is not None else _json_or_none(body)
-            )
+            return _annotated(response, raw, exchange, payload)
         if exchange is None:
             return response
         exchange.status, exchange.headers = response.status_code, response.headers
