@@ -25,8 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("model_dir", help="e.g. .art/my-project/models/my-model")
     report.add_argument("--out", default=None, help="output HTML file (default: MODEL_DIR/report.html)")
 
-    tiny = commands.add_parser("tiny-model", help="build the offline tiny Qwen2 model and tokenizer")
+    tiny = commands.add_parser("tiny-model", help="build an offline tiny Qwen model and its tokenizer")
     tiny.add_argument("out_dir")
+    tiny.add_argument(
+        "--family",
+        choices=["byte", "qwen2.5", "qwen3"],
+        default="byte",
+        help="byte: our 768-token tokenizer (default); qwen2.5 / qwen3: Qwen's real vocabulary and chat format",
+    )
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "tiny-model":
         from .tiny import tiny_model_command
 
-        tiny_model_command(args.out_dir)
+        tiny_model_command(args.out_dir, args.family)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""A deterministic, offline tiny Qwen2-architecture model + byte-level BPE tokenizer.
+"""Deterministic, offline tiny Qwen2/Qwen3-architecture models: our byte-level tokenizer or Qwen's real one.
 
 Used by tests, benchmarks and the demo, where no model hub is reachable.
 """
@@ -23,6 +23,9 @@ SPECIAL_TOKENS: list[str] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS: list[str] = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
+# byte: our own 768-token byte-level BPE (fast to learn on); qwen2.5 / qwen3: Qwen's real 151k vocabulary, added
+# tokens and chat formats (qwen_vocab.py, qwen_templates.py), on the Qwen2 / Qwen3 architecture.
+FAMILIES: tuple[str, ...] = ("byte", "qwen2.5", "qwen3")
 VOCAB_SIZE = 768  # tokenizer size target (bytes + merges + added tokens); the model rows equal it
 
 # Qwen2's pre-tokenization regex, so that a loader that rebuilds a Qwen2 pre-tokenizer gets the same one.
@@ -151,24 +154,24 @@ def build_tokenizer_object() -> Tokenizer:
     return tok
 
 
-def _save_tokenizer(out: Path) -> int:
-    tok = build_tokenizer_object()
+def _write_tokenizer(out: Path, tok: Tokenizer, added: list[tuple[str, bool]], chat_template: str) -> int:
+    """Save `tok` with a tokenizer_config.json naming its added tokens (and which are special) and the template."""
     tok.save(str(out / "tokenizer.json"))
-    added = {
-        str(tok.token_to_id(t)): {
-            "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": t in SPECIAL_TOKENS,
-        }
-        for t in SPECIAL_TOKENS + TOOL_TOKENS
-    }
+    specials = [content for content, special in added if special and content != PAD_TOKEN]
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": added,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "added_tokens_decoder": {
+            str(tok.token_to_id(content)): {
+                "content": content,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": special,
+            }
+            for content, special in added
+        },
+        "additional_special_tokens": specials,
         "bos_token": None,
         "eos_token": EOS_TOKEN,
         "pad_token": PAD_TOKEN,
@@ -178,23 +181,31 @@ def _save_tokenizer(out: Path) -> int:
         "split_special_tokens": False,
         "errors": "replace",
         "padding_side": "right",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    special_map = {
-        "eos_token": EOS_TOKEN,
-        "pad_token": PAD_TOKEN,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-    }
+    special_map = {"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN, "additional_special_tokens": specials}
     (out / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
     return tok.get_vocab_size(with_added_tokens=True)
 
 
-def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int]) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def _save_tokenizer(out: Path, family: str) -> int:
+    if family == "byte":
+        added = [(t, True) for t in SPECIAL_TOKENS] + [(t, False) for t in TOOL_TOKENS]
+        return _write_tokenizer(out, build_tokenizer_object(), added, CHAT_TEMPLATE)
+    from .qwen_templates import CHAT_TEMPLATES
+    from .qwen_vocab import ADDED_TOKENS, build_qwen_tokenizer
 
-    config = Qwen2Config(
+    return _write_tokenizer(out, build_qwen_tokenizer(family), ADDED_TOKENS[family], CHAT_TEMPLATES[family])
+
+
+def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int], family: str) -> None:
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    arch = "Qwen3" if family == "qwen3" else "Qwen2"
+    config = getattr(transformers, f"{arch}Config")(
         vocab_size=vocab_size,
         bos_token_id=tok_ids[PAD_TOKEN],
         eos_token_id=tok_ids[EOS_TOKEN],
@@ -202,9 +213,9 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
         torch_dtype="float32",
         **MODEL_KWARGS,
     )
-    config.architectures = ["Qwen2ForCausalLM"]
+    config.architectures = [f"{arch}ForCausalLM"]
     gen = torch.Generator().manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model = getattr(transformers, f"{arch}ForCausalLM")(config).to(torch.float32)
     std = float(config.initializer_range)
     with torch.no_grad():  # explicit init, independent of transformers' init order and global RNG
         for name, p in sorted(model.named_parameters()):
@@ -218,6 +229,9 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a one-shard write needs no progress line
     model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(
         bos_token_id=tok_ids[PAD_TOKEN],
@@ -226,40 +240,47 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
     ).save_pretrained(str(out))
 
 
-def build_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = False) -> Path:
-    """Build the tiny model + tokenizer into ``out_dir`` (Hugging Face layout) and return the path."""
+def _check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny-model family {family!r}; choose one of {', '.join(FAMILIES)}")
+
+
+def build_tiny_model(
+    out_dir: str | Path, *, seed: int = 0, overwrite: bool = False, family: str = "byte"
+) -> Path:
+    """Build the tiny model + tokenizer of `family` into ``out_dir`` (Hugging Face layout) and return the path."""
+    _check_family(family)
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    vocab_size = _save_tokenizer(out)
+    vocab_size = _save_tokenizer(out, family)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    ids = {t: int(tok.token_to_id(t)) for t in SPECIAL_TOKENS + TOOL_TOKENS}
-    _save_model(out, seed=seed, vocab_size=vocab_size, tok_ids=ids)
-    (out / "art_tiny_model.json").write_text(
-        json.dumps({"version": TINY_MODEL_VERSION, "seed": seed, "vocab_size": vocab_size}, indent=2) + "\n"
-    )
+    ids = {t: int(tok.token_to_id(t)) for t in (PAD_TOKEN, EOS_TOKEN)}
+    _save_model(out, seed=seed, vocab_size=vocab_size, tok_ids=ids, family=family)
+    meta = {"version": TINY_MODEL_VERSION, "seed": seed, "vocab_size": vocab_size}
+    if family != "byte":  # the byte model's marker file stays as it was (cached builds compare equal)
+        meta["family"] = family
+    (out / "art_tiny_model.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
 
 
-def tiny_model_path() -> Path:
-    """Build once into a cache dir and return it (env ``ART_ADAPTERS_TINY_MODEL`` overrides the location)."""
-    env = os.environ.get("ART_ADAPTERS_TINY_MODEL")
-    target = (
-        Path(env).expanduser()
-        if env
-        else Path.home() / ".cache" / "art-adapters" / f"tiny-model-{TINY_MODEL_VERSION}"
-    ).resolve()
+def tiny_model_path(family: str = "byte") -> Path:
+    """Build once into a cache dir and return it (env ``ART_ADAPTERS_TINY_MODEL`` overrides the byte model's)."""
+    _check_family(family)
+    env = os.environ.get("ART_ADAPTERS_TINY_MODEL") if family == "byte" else None
+    name = f"tiny-model-{TINY_MODEL_VERSION}" if family == "byte" else f"tiny-model-{family}-v1"
+    target = (Path(env).expanduser() if env else Path.home() / ".cache" / "art-adapters" / name).resolve()
     if (target / "art_tiny_model.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        build_tiny_model(tmp, overwrite=True)
+        build_tiny_model(tmp, overwrite=True, family=family)
         tmp.chmod(0o755)
         try:
             tmp.rename(target)  # atomic; fails if a concurrent build won the race
@@ -286,10 +307,18 @@ def weights_digest(model_dir: str | Path) -> str:
     return h.hexdigest()
 
 
-def tiny_model_command(out_dir: str) -> None:
-    """CLI entry: ``art-adapters tiny-model OUT_DIR`` (rebuilds a previous tiny model, never other folders)."""
+def tiny_model_command(out_dir: str, family: str = "byte") -> None:
+    """CLI entry: ``art-adapters tiny-model OUT_DIR [--family F]`` (rebuilds a previous tiny model, never other
+    folders)."""
+    import logging
+
+    for noisy in (
+        "torchao",
+        "torch.utils._pytree",
+    ):  # import-time notes of optional kernels, not for this user
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     out = Path(out_dir).expanduser()
     previous = (out / "art_tiny_model.json").exists()
     if out.exists() and any(out.iterdir()) and not previous:
         raise SystemExit(f"{out} exists, is not empty and is not a tiny model; choose another folder")
-    print(build_tiny_model(out, overwrite=previous))
+    print(build_tiny_model(out, overwrite=previous, family=family))

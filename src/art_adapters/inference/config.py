@@ -38,6 +38,10 @@ class InferenceConfig(BaseModel):
         "processed_logprobs",
         description="processed_* = after temperature/top-p etc., i.e. the sampling distribution.",
     )
+    reasoning_parser: str | None = Field(
+        "auto",
+        description="vLLM's --reasoning-parser; 'auto' → 'qwen3' for a Qwen3-architecture model, else none.",
+    )
     startup_timeout_s: float = Field(300.0, gt=0)
     served_model_name: str | None = Field(None, description="Defaults to the model folder's name.")
     warmup: bool = True
@@ -48,6 +52,13 @@ class InferenceConfig(BaseModel):
         if not on_cuda:
             return False
         return True if self.enable_sleep_mode is None else self.enable_sleep_mode
+
+
+def auto_reasoning_parser(model_dir: str | os.PathLike[str]) -> str | None:
+    """The reasoning parser a model's architecture implies (Qwen3 writes `<think>` blocks), or None."""
+    config = Path(model_dir) / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return "qwen3" if model_type in ("qwen3", "qwen3_moe") else None
 
 
 def checkpoint_is_fp32(model_dir: str | os.PathLike[str]) -> bool:

@@ -24,6 +24,7 @@ import httpx
 from art_adapters.inference.config import (
     InferenceConfig,
     adapter_rank,
+    auto_reasoning_parser,
     checkpoint_is_fp32,
     cuda_available,
     validate_model_dir,
@@ -136,6 +137,11 @@ class VLLMServer:
             # Guided JSON without free whitespace: small models otherwise emit whitespace until max_tokens.
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
         ]  # fmt: skip
+        parser = (
+            auto_reasoning_parser(self.base_model) if cfg.reasoning_parser == "auto" else cfg.reasoning_parser
+        )
+        if parser:
+            args += ["--reasoning-parser", parser]
         if cfg.max_num_seqs is not None:
             args += ["--max-num-seqs", str(cfg.max_num_seqs)]
         if cfg.enforce_eager:
