@@ -1,4 +1,4 @@
-"""The `art-adapters` command: demo | serve | report | tiny-model."""
+"""The `art-adapters` command: demo | serve | doctor | report | tiny-model."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
 
+    commands.add_parser(
+        "doctor",
+        help="find where captured calls stop chaining (retokenization drift) and why (see `doctor --help`)",
+        add_help=False,
+    )
+
     report = commands.add_parser("report", help="write an HTML report (and PNG curves) of a model's run")
     report.add_argument("model_dir", help="e.g. .art/my-project/models/my-model")
     report.add_argument("--out", default=None, help="output HTML file (default: MODEL_DIR/report.html)")
@@ -40,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
         serve_command(argv[1:])
         return 0
+    if argv[:1] == ["doctor"]:
+        from .doctor import doctor_command
+
+        return doctor_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo_command
