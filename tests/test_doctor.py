@@ -155,10 +155,14 @@ def test_reasoning_stripped_by_qwen3(tok: Any) -> None:
     second, causes = only_cause(tok, two_turns(tok, text, tool_reply("{}")))
     assert second.chained is False and causes == ["reasoning"]
     assert "think" in second.sequence_window
-    # Sent back with reasoning_content, the same exchange chains: Qwen3 keeps reasoning after the last query.
-    kept = tool_reply("{}") | {"reasoning_content": "I should roll."}
+    # Sent back as `reasoning` (vLLM's field), the exchange chains: Qwen3 keeps reasoning after the last query.
+    kept = tool_reply("{}") | {"reasoning": "I should roll."}
     second, causes = only_cause(tok, two_turns(tok, text, kept))
     assert second.chained and causes == []
+    # vLLM does not read `reasoning_content` from a request: sent under that name, the reasoning is stripped.
+    kept = tool_reply("{}") | {"reasoning_content": "I should roll."}
+    second, causes = only_cause(tok, two_turns(tok, text, kept))
+    assert second.chained is False and causes == ["reasoning"]
     # Thinking off: the prompt pre-fills an empty block that history never renders back.
     second, causes = only_cause(tok, two_turns(tok, CANONICAL_CALL, tool_reply("{}"), enable_thinking=False))
     assert second.chained is False and causes == ["reasoning"]

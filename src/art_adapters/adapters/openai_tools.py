@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ToolLoopResult", "run_tool_loop", "wrap_rollout"]
 
-_ASSISTANT_KEYS = ("role", "content", "tool_calls", "refusal")
+# `reasoning` (vLLM's name for a reasoning model's thinking) goes back with the turn: templates such as Qwen3's
+# keep it for the turns after the last user query, so the next prompt continues the sampled tokens.
+_ASSISTANT_KEYS = ("role", "content", "reasoning", "tool_calls", "refusal")
 
 
 @dataclass

@@ -42,6 +42,10 @@ class InferenceConfig(BaseModel):
         "auto",
         description="vLLM's --reasoning-parser; 'auto' → 'qwen3' for a Qwen3-architecture model, else none.",
     )
+    structured_outputs_in_reasoning: bool = Field(
+        False,
+        description="Apply a request's structured output to the reasoning too (vLLM skips it by default).",
+    )
     startup_timeout_s: float = Field(300.0, gt=0)
     served_model_name: str | None = Field(None, description="Defaults to the model folder's name.")
     warmup: bool = True

@@ -117,6 +117,10 @@ class VLLMServer:
         dtype = cfg.dtype
         if dtype == "auto" and not self.on_cuda and checkpoint_is_fp32(self.base_model):
             dtype = "float32"
+        # Guided JSON without free whitespace: small models otherwise emit whitespace until max_tokens.
+        structured = {"backend": "xgrammar", "disable_any_whitespace": True}
+        if cfg.structured_outputs_in_reasoning:
+            structured["enable_in_reasoning"] = True
         args = [
             self.python, "-m", "art_adapters.inference.guarded_vllm",  # every route needs the key (env only)
             "--model", str(self.base_model),
@@ -134,8 +138,7 @@ class VLLMServer:
             "--no-enable-chunked-prefill",
             "--generation-config", "vllm",
             "--disable-uvicorn-access-log",
-            # Guided JSON without free whitespace: small models otherwise emit whitespace until max_tokens.
-            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+            "--structured-outputs-config", json.dumps(structured),
         ]  # fmt: skip
         parser = (
             auto_reasoning_parser(self.base_model) if cfg.reasoning_parser == "auto" else cfg.reasoning_parser

@@ -343,12 +343,18 @@ def chat_template_ids(
 
 def as_vllm_renders(messages: list[Message]) -> list[Message]:
     """Messages as vLLM hands them to the chat template: tool-call `arguments` parsed from JSON into a dict, and
-    anything that is not a JSON object (null, "", malformed, a list) rendered as `{}`."""
+    anything that is not a JSON object (null, "", malformed, a list) rendered as `{}`; reasoning as below."""
     out: list[Message] = []
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
             message = {**message, "tool_calls": [_with_parsed_arguments(call) for call in calls]}
+        if message.get("role") == "assistant" and ("reasoning" in message or "reasoning_content" in message):
+            # vLLM reads an assistant turn's reasoning from `reasoning` only and hands it to the template as both
+            # names; a `reasoning_content` the client sends is not rendered.
+            message = {k: v for k, v in message.items() if k != "reasoning_content"}
+            if message.get("reasoning") is not None:
+                message["reasoning_content"] = message["reasoning"]
         out.append(message)
     return out
 
