@@ -37,6 +37,7 @@ bench: venv
 	$(BIN)/python bench/capture_overhead.py
 	$(BIN)/python bench/rollout_throughput.py
 	$(BIN)/python bench/train_step.py
+	$(BIN)/python bench/fidelity.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples

@@ -25,6 +25,7 @@ from art_adapters.doctor import diagnose
 from art_adapters.inference import InferenceConfig, VLLMServer
 from art_adapters.openai import run_tool_loop
 from art_adapters.openai import wrap_rollout as openai_rollout
+from art_adapters.testing import steer
 from art_adapters.tiny import tiny_model_path
 from art_adapters.training.tokenize import tokenize_trajectory
 from fixtures_vllm import registered_on
@@ -35,7 +36,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 ]
 
-EOS = "<|im_end|>"
 ROLL = {
     "type": "function",
     "function": {
@@ -71,13 +71,6 @@ async def family(
         yield name, server, AutoTokenizer.from_pretrained(path)
     finally:
         await server.stop()
-
-
-def steer(tok: Any, text: str) -> dict[str, Any]:
-    """Force `text` + EOS, sampled as its canonical tokens (longer tokens preferred where the grammar allows)."""
-    ids = [*tok.encode(text, add_special_tokens=False), tok.convert_tokens_to_ids(EOS)]
-    bias = {str(t): min(90, 40 + 5 * len(tok.decode([t]))) for t in ids}
-    return {"structured_outputs": {"choice": [text]}, "logit_bias": bias}
 
 
 def art_model(server: VLLMServer) -> art.Model:

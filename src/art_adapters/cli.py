@@ -14,6 +14,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--path", default=".art", help="backend folder (default .art)")
     demo.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's own)")
     demo.add_argument("--out", default=None, help="where to write the reward curve PNG")
+    demo.add_argument(
+        "--family",
+        choices=["byte", "qwen2.5", "qwen3"],
+        default="byte",
+        help="the tiny model's tokenizer: byte (default, learns fastest) or Qwen's real vocabulary and format",
+    )
+    demo.add_argument(
+        "--warm-epochs", type=int, default=None, help="epochs of the SFT warm start (default 32)"
+    )
 
     commands.add_parser(
         "serve",
@@ -54,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo_command
 
-        run_demo_command(path=args.path, steps=args.steps, out=args.out)
+        run_demo_command(
+            path=args.path, steps=args.steps, out=args.out, family=args.family, warm_epochs=args.warm_epochs
+        )
     elif args.command == "report":
         from .report import report_command
 

@@ -142,6 +142,7 @@ async def run_demo(
     eval_samples: int = 8,
     out: str | Path | None = None,
     seed: int = 0,
+    family: str = "byte",
 ) -> dict[str, float]:
     from .backend.local import LocalBackend
     from .inference import InferenceConfig
@@ -149,11 +150,11 @@ async def run_demo(
 
     started = time.perf_counter()
     root = Path(path)
-    print("1/4 the offline tiny model (built once, cached) ...", flush=True)
+    print(f"1/4 the offline tiny model, {family} tokenizer (built once, cached) ...", flush=True)
     model = TrainableModel(
-        name="tool-agent",
+        name="tool-agent" if family == "byte" else f"tool-agent-{family}",
         project="demo",
-        base_model=str(tiny_model_path()),
+        base_model=str(tiny_model_path(family)),
         lora=LoRAConfig(rank=lora_rank, alpha=2 * lora_rank),
     )
     backend = LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=lora_rank))
@@ -198,7 +199,7 @@ async def run_demo(
         final_step = await model.get_step()
     print(f"4/4 success at step {final_step}: {success_end:.3f}")
     curve_path = Path(out) if out else backend.model_dir(model) / "reward.png"
-    plot_curve(curve, curve_path)
+    plot_curve(curve, curve_path, family)
     print(f"reward curve: {curve_path}")
     seconds = time.perf_counter() - started
     result = {
@@ -213,7 +214,7 @@ async def run_demo(
     return result
 
 
-def plot_curve(curve: list[tuple[int, float]], path: Path) -> None:
+def plot_curve(curve: list[tuple[int, float]], path: Path, family: str = "byte") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,15 +226,22 @@ def plot_curve(curve: list[tuple[int, float]], path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("success rate (rollouts)")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title("art-adapters demo: tool choice on the tiny model")
+    ax.set_title(f"art-adapters demo: tool choice on the tiny model ({family})")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def run_demo_command(path: str = ".art", steps: int | None = None, out: str | None = None) -> None:
-    result = asyncio.run(run_demo(path, out=out, **({"steps": steps} if steps else {})))
+def run_demo_command(
+    path: str = ".art",
+    steps: int | None = None,
+    out: str | None = None,
+    family: str = "byte",
+    warm_epochs: int | None = None,
+) -> None:
+    options: dict[str, Any] = {"steps": steps, "warm_epochs": warm_epochs}
+    result = asyncio.run(run_demo(path, out=out, family=family, **{k: v for k, v in options.items() if v}))
     print(
         f"demo result: success_start={result['success_start']:.3f} success_end={result['success_end']:.3f} "
         f"steps={int(result['steps'])} seconds={result['seconds']:.1f}"

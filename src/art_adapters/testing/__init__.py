@@ -10,5 +10,6 @@ with ScriptedServer([Reply(content="4"), Reply(status=500), Reply(cut_stream_aft
 
 from .replies import Reply, prompt_text, token_ids
 from .server import ScriptedServer
+from .steer import steer
 
-__all__ = ["Reply", "ScriptedServer", "prompt_text", "token_ids"]
+__all__ = ["Reply", "ScriptedServer", "prompt_text", "steer", "token_ids"]

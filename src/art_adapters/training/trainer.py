@@ -6,6 +6,7 @@ gradient, clip it, take one AdamW step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -67,13 +68,15 @@ class Trainer:
         self.engine: str = wanted
         if wanted == "unsloth":
             try:
-                self.model, self.tokenizer = self._load_unsloth(max_seq_len, gradient_checkpointing)
+                with _no_progress_bars():
+                    self.model, self.tokenizer = self._load_unsloth(max_seq_len, gradient_checkpointing)
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
                 log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
                 self.engine = "peft"
         if self.engine == "peft":
             torch.manual_seed(seed)
-            self.model, self.tokenizer = self._load_peft(gradient_checkpointing)
+            with _no_progress_bars():
+                self.model, self.tokenizer = self._load_peft(gradient_checkpointing)
         self.load_seconds = time.perf_counter() - started
         self.vocab_size = max(len(self.tokenizer), int(self.model.get_base_model().config.vocab_size))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -390,3 +393,17 @@ def _std(values: list[float]) -> float:
         return 0.0
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """Loading a checkpoint is one step of a run, not a progress line in its log (transformers' "Loading weights")."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
