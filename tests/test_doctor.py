@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from art_adapters.cli import main
 from art_adapters.doctor import CAUSES, diagnose
 from art_adapters.tiny import tiny_model_path
 from art_adapters.training.tokenize import chat_template_ids
@@ -168,21 +169,20 @@ def test_reasoning_stripped_by_qwen3(tok: Any) -> None:
     assert second.chained is False and causes == ["reasoning"]
 
 
-def test_a_different_template_and_the_cli(tok: Any, tmp_path: Path) -> None:
+def test_a_different_template_and_the_cli(
+    tok: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trajectory = two_turns(
         tok, '<tool_call>\n{"name": "roll", "arguments": {"n":1}}\n</tool_call>', tool_reply("{}")
     )
     path = write_jsonl(tmp_path / "t.jsonl", [trajectory, two_turns(tok, CANONICAL_CALL, tool_reply("{}"))])
     other = "qwen3" if tok.family == "qwen2.5" else "qwen2.5"
-    cli = [str(Path(sys.executable).parent / "art-adapters"), "doctor", str(path)]
-    done = subprocess.run(
-        [*cli, "--model", str(tiny_model_path(other)), "--json"], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout)
+    assert main(["doctor", str(path), "--model", str(tiny_model_path(other)), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
     # Same text, other ids: <tool_response> is one token in Qwen3 and plain text in Qwen2.5 (second turns only).
     assert out["summary"]["template_mismatches"] == 2
     assert [("template" in call["causes"]) for call in out["calls"]] == [False, True, False, True]
+    cli = [str(Path(sys.executable).parent / "art-adapters"), "doctor", str(path)]
     done = subprocess.run([*cli, "--model", str(tiny_model_path(tok.family))], capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
     assert "4 calls, 2 continue a conversation, 1 chain (chaining rate 0.500)" in " ".join(

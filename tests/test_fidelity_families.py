@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 import art_adapters as art
+from art_adapters.cli import main
 from art_adapters.doctor import diagnose
 from art_adapters.inference import InferenceConfig, VLLMServer
 from art_adapters.openai import run_tool_loop
@@ -255,7 +256,9 @@ async def test_qwen3_thinking_off(family: tuple[str, VLLMServer, Any]) -> None:
 
 
 async def test_chaining_rate_doctor_and_swap(
-    family: tuple[str, VLLMServer, Any], tmp_path_factory: pytest.TempPathFactory
+    family: tuple[str, VLLMServer, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The family's totals; every unchained call explained; one GRPO step, then vLLM == trainer (F2)."""
     name, server, tok = family
@@ -283,3 +286,9 @@ async def test_chaining_rate_doctor_and_swap(
         call = runs[0].llm_calls[-1]
         ids = list(call.prompt_token_ids or []) + list(call.completion_token_ids or [])
         assert await backend.served_logprob_diff(model, ids, await model.get_step()) <= SWAP_TOLERANCE
+        # The doctor on the backend's own folder, as a user runs it: the same findings.
+        await model.log([group], split="train")
+        folder = backend.model_dir(model) / "trajectories"
+        capsys.readouterr()
+        assert main(["doctor", str(folder), "--model", str(server.base_model), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["summary"] == summary

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 TINY_MODEL_VERSION = "v2"
 FINAL_NORM_GAIN = 6.0
+# A token's best reachable logit grows with the gain, the others' log-sum-exp with ln(vocab): at gain 6 one token of
+# Qwen's 151k could not pass p ~ 0.9 (its format never sampled whole); 12 gives it the room 6 gives 768 tokens.
+FAMILY_GAIN = {"byte": FINAL_NORM_GAIN, "qwen2.5": 12.0, "qwen3": 12.0}
 
 SPECIAL_TOKENS: list[str] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS: list[str] = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -222,7 +225,7 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
             if name == "model.norm.weight":
                 # A random head over a unit-norm state caps logits near ±2.5, so LoRA (the head frozen) could
                 # not make any token likely. A larger final-norm gain gives the logits room (RL can learn).
-                p.fill_(FINAL_NORM_GAIN)
+                p.fill_(FAMILY_GAIN[family])
             elif name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
@@ -273,7 +276,7 @@ def tiny_model_path(family: str = "byte") -> Path:
     """Build once into a cache dir and return it (env ``ART_ADAPTERS_TINY_MODEL`` overrides the byte model's)."""
     _check_family(family)
     env = os.environ.get("ART_ADAPTERS_TINY_MODEL") if family == "byte" else None
-    name = f"tiny-model-{TINY_MODEL_VERSION}" if family == "byte" else f"tiny-model-{family}-v1"
+    name = f"tiny-model-{TINY_MODEL_VERSION}" if family == "byte" else f"tiny-model-{family}-v2"
     target = (Path(env).expanduser() if env else Path.home() / ".cache" / "art-adapters" / name).resolve()
     if (target / "art_tiny_model.json").exists():
         return target

@@ -68,14 +68,14 @@ class Trainer:
         self.engine: str = wanted
         if wanted == "unsloth":
             try:
-                with _no_progress_bars():
+                with _quiet_loading():
                     self.model, self.tokenizer = self._load_unsloth(max_seq_len, gradient_checkpointing)
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
                 log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
                 self.engine = "peft"
         if self.engine == "peft":
             torch.manual_seed(seed)
-            with _no_progress_bars():
+            with _quiet_loading():
                 self.model, self.tokenizer = self._load_peft(gradient_checkpointing)
         self.load_seconds = time.perf_counter() - started
         self.vocab_size = max(len(self.tokenizer), int(self.model.get_base_model().config.vocab_size))
@@ -396,10 +396,12 @@ def _std(values: list[float]) -> float:
 
 
 @contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """Loading a checkpoint is one step of a run, not a progress line in its log (transformers' "Loading weights")."""
+def _quiet_loading() -> Iterator[None]:
+    """Loading a checkpoint is one step of a run, not a progress line in its log (transformers' "Loading weights"),
+    nor a note about optional 4-bit CPU kernels (bitsandbytes, imported by PEFT) a LoRA run never uses."""
     from transformers.utils import logging as hf_logging
 
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
