@@ -46,16 +46,7 @@ def sampled(
     **template_kwargs: Any,
 ) -> LLMCall:
     """A call whose engine saw `messages` and sampled `text` (or `ids`), ending at <|im_end|> unless cut off."""
-    prompt = chat_template_ids(tok, messages, TOOLS)
-    if template_kwargs:
-        prompt = tok.apply_chat_template(
-            messages,
-            tools=TOOLS,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **template_kwargs,
-        )
+    prompt = chat_template_ids(tok, messages, TOOLS, **template_kwargs)
     completion = list(ids if ids is not None else tok.encode(text, add_special_tokens=False))
     if finish == "stop":
         completion.append(tok.convert_tokens_to_ids("<|im_end|>"))

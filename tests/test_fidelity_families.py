@@ -198,6 +198,21 @@ async def test_langgraph_create_agent_streaming(family: tuple[str, VLLMServer, A
     RUNS[name].append(trajectory)
 
 
+async def roll_twice(server: VLLMServer, extra_body: dict[str, Any]) -> Any:
+    """Our `run_tool_loop`, two turns of "Roll a die." with the `roll` tool, each request steered by `extra_body`."""
+    return await run_tool_loop(
+        client_of(server),
+        server.model_name,
+        [{"role": "user", "content": "Roll a die."}],
+        [ROLL],
+        {"roll": lambda: "4"},
+        max_turns=2,
+        max_tokens=32,
+        temperature=1.0,
+        extra_body=extra_body,
+    )
+
+
 async def test_malformed_tool_call_goes_back_as_an_error(family: tuple[str, VLLMServer, Any]) -> None:
     """`"arguments": null` twice: the loop answers with an error message; vLLM renders the call back as `{}`."""
     name, server, tok = family
@@ -205,17 +220,7 @@ async def test_malformed_tool_call_goes_back_as_an_error(family: tuple[str, VLLM
 
     @openai_rollout(art_model(server), request_token_ids=True)
     async def rollout() -> float:
-        result = await run_tool_loop(
-            client_of(server),
-            server.model_name,
-            [{"role": "user", "content": "Roll a die."}],
-            [ROLL],
-            {"roll": lambda: "4"},
-            max_turns=2,
-            max_tokens=32,
-            temperature=1.0,
-            extra_body=steer(tok, think + NULL_CALL),
-        )
+        result = await roll_twice(server, steer(tok, think + NULL_CALL))
         assert result.tool_errors == 2
         assert result.messages[2]["content"].startswith("Error: arguments must be a JSON object")
         return 0.0
@@ -233,16 +238,8 @@ async def test_qwen3_thinking_off(family: tuple[str, VLLMServer, Any]) -> None:
 
     @openai_rollout(art_model(server), request_token_ids=True)
     async def rollout() -> float:
-        result = await run_tool_loop(
-            client_of(server),
-            server.model_name,
-            [{"role": "user", "content": "Roll a die."}],
-            [ROLL],
-            {"roll": lambda: "4"},
-            max_turns=2,
-            max_tokens=32,
-            temperature=1.0,
-            extra_body={**steer(tok, CALL), "chat_template_kwargs": {"enable_thinking": False}},
+        result = await roll_twice(
+            server, {**steer(tok, CALL), "chat_template_kwargs": {"enable_thinking": False}}
         )
         assert result.tool_calls == 2 and result.tool_errors == 0
         return 1.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .tiny import FAMILIES
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="art-adapters", description=__doc__)
@@ -16,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default=None, help="where to write the reward curve PNG")
     demo.add_argument(
         "--family",
-        choices=["byte", "qwen2.5", "qwen3"],
+        choices=FAMILIES,
         default="byte",
         help="the tiny model's tokenizer: byte (default, learns fastest) or Qwen's real vocabulary and format",
     )
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("out_dir")
     tiny.add_argument(
         "--family",
-        choices=["byte", "qwen2.5", "qwen3"],
+        choices=FAMILIES,
         default="byte",
         help="byte: our 768-token tokenizer (default); qwen2.5 / qwen3: Qwen's real vocabulary and chat format",
     )

@@ -162,25 +162,20 @@ def _truncated(call: LLMCall) -> bool:
 
 
 def _render(tokenizer: Any, call: LLMCall) -> list[int] | None:
-    from .training.tokenize import as_vllm_renders
+    from .training.tokenize import chat_template_ids
 
     if getattr(tokenizer, "chat_template", None) is None:
         return None
-    kwargs = dict(call.request.get("chat_template_kwargs") or {})
     try:
-        out = tokenizer.apply_chat_template(
-            as_vllm_renders(call.request_messages()),
-            tools=call.request.get("tools") or None,
-            tokenize=True,
+        return chat_template_ids(
+            tokenizer,
+            call.request_messages(),
+            call.request.get("tools"),
             add_generation_prompt=call.request.get("add_generation_prompt", True),
-            return_dict=False,
-            **kwargs,
+            **(call.request.get("chat_template_kwargs") or {}),
         )
     except Exception:  # a template that cannot render this request is itself a mismatch
         return []
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return [int(t) for t in out]
 
 
 def _common_prefix(a: Any, b: Any) -> int:

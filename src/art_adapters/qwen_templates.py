@@ -18,6 +18,14 @@ _TOOLS_FOOTER = (
     '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n"
 )
+# The tools part of the system turn, after the system prompt (if any) and its blank line.
+_TOOLS_BLOCK = (
+    "{{- '"
+    + _TOOLS_HEADER
+    + "' }}\n{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}\n{{- '"
+    + _TOOLS_FOOTER
+    + "' }}\n"
+)
 # One call, without the separator before it (Qwen2.5 always writes "\n" first; Qwen3 only between parts).
 _CALL_MACRO = """\
 {%- macro render_call(call) -%}
@@ -44,13 +52,10 @@ QWEN25_CHAT_TEMPLATE = (
     + QWEN25_DEFAULT_SYSTEM
     + """' %}
 {%- if tools %}
-{{- '<|im_start|>system\\n' + system_text + '\\n\\n"""
-    + _TOOLS_HEADER
-    + """' }}
-{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '"""
-    + _TOOLS_FOOTER
-    + """' }}
+{{- '<|im_start|>system\\n' + system_text + '\\n\\n' }}
+"""
+    + _TOOLS_BLOCK
+    + """\
 {%- else %}
 {{- '<|im_start|>system\\n' + system_text + '<|im_end|>\\n' }}
 {%- endif %}
@@ -79,13 +84,9 @@ QWEN3_CHAT_TEMPLATE = (
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}
 {%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
-{{- '"""
-    + _TOOLS_HEADER
-    + """' }}
-{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '"""
-    + _TOOLS_FOOTER
-    + """' }}
+"""
+    + _TOOLS_BLOCK
+    + """\
 {%- elif messages and messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}

@@ -232,10 +232,10 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
-    from transformers.utils import logging as hf_logging
+    from .training.quiet import quiet_loading
 
-    hf_logging.disable_progress_bar()  # a one-shard write needs no progress line
-    model.save_pretrained(str(out), safe_serialization=True)
+    with quiet_loading():  # a one-shard write needs no progress line
+        model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(
         bos_token_id=tok_ids[PAD_TOKEN],
         eos_token_id=[tok_ids[EOS_TOKEN], tok_ids[PAD_TOKEN]],

@@ -325,14 +325,17 @@ def chat_template_ids(
     tools: Tools | None,
     *,
     add_generation_prompt: bool = True,
+    **template_kwargs: Any,
 ) -> list[int]:
-    """Prompt ids of `messages` (+ tools), with the generation prompt by default, as vLLM renders them."""
+    """Prompt ids of `messages` (+ tools), with the generation prompt by default, as vLLM renders them
+    (`template_kwargs`: a request's `chat_template_kwargs`, such as Qwen3's `enable_thinking`)."""
     out = tokenizer.apply_chat_template(
         as_vllm_renders(messages),
         tools=tools or None,
         tokenize=True,
         add_generation_prompt=add_generation_prompt,
         return_dict=False,
+        **template_kwargs,
     )
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]

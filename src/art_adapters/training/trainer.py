@@ -6,7 +6,6 @@ gradient, clip it, take one AdamW step.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
@@ -22,6 +21,7 @@ from ..trajectories import Trajectory, TrajectoryGroup
 from . import adapter_io
 from .batching import pack_micro_batches, trajectory_of
 from .loss import StepTotals, group_advantages, policy_loss
+from .quiet import quiet_loading
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples, tokenize_trajectory
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,14 @@ class Trainer:
         self.engine: str = wanted
         if wanted == "unsloth":
             try:
-                with _quiet_loading():
+                with quiet_loading():
                     self.model, self.tokenizer = self._load_unsloth(max_seq_len, gradient_checkpointing)
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
                 log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
                 self.engine = "peft"
         if self.engine == "peft":
             torch.manual_seed(seed)
-            with _quiet_loading():
+            with quiet_loading():
                 self.model, self.tokenizer = self._load_peft(gradient_checkpointing)
         self.load_seconds = time.perf_counter() - started
         self.vocab_size = max(len(self.tokenizer), int(self.model.get_base_model().config.vocab_size))
@@ -393,19 +393,3 @@ def _std(values: list[float]) -> float:
         return 0.0
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
-
-@contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """Loading a checkpoint is one step of a run, not a progress line in its log (transformers' "Loading weights"),
-    nor a note about optional 4-bit CPU kernels (bitsandbytes, imported by PEFT) a LoRA run never uses."""
-    from transformers.utils import logging as hf_logging
-
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
