@@ -189,3 +189,8 @@ def test_a_different_template_and_the_cli(
         "edited",
         "template",
     }
+
+
+def test_a_missing_trajectories_path_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no such file or folder: .*nowhere.jsonl"):
+        main(["doctor", str(tmp_path / "nowhere.jsonl"), "--model", str(tmp_path)])

@@ -242,10 +242,11 @@ def doctor_command(argv: list[str]) -> int:
     parser.add_argument("--model", required=True, help="the model folder (its tokenizer and chat template)")
     parser.add_argument("--json", action="store_true", help="print JSON (every call) instead of a table")
     args = parser.parse_args(argv)
+    trajectories = load_trajectories(args.trajectories)  # a wrong path fails before the tokenizer loads
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    report = diagnose(load_trajectories(args.trajectories), tokenizer)
+    report = diagnose(trajectories, tokenizer)
     if args.json:
         print(json.dumps({"summary": report.summary(), "calls": [c.model_dump() for c in report.calls]}))
     else:
