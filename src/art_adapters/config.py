@@ -43,6 +43,21 @@ class TrainConfig(BaseModel):
         default=False,
         description="n > 1: also train the choices the agent did not keep, under the trajectory's reward.",
     )
+    train_on: dict[Literal["nodes", "agents", "roles"], list[str]] | None = Field(
+        default=None,
+        description=(
+            'Train only the sampled tokens of these calls, by where they came from: {"nodes": [...]} (LangGraph '
+            'node names or paths), {"agents": [...]} (Agents SDK agents), {"roles": [...]} (CallSource.role, '
+            "else agent, else node); other calls stay in their sequences as context. None trains every call."
+        ),
+    )
+    train_retokenized_text: bool = Field(
+        default=False,
+        description=(
+            "Also train assistant turns that carry no sampled token ids, re-rendered by the chat template "
+            "(their sampled_token_fraction is below 1; without this the trainer refuses such tokens)."
+        ),
+    )
     max_grad_norm: float = Field(default=1.0, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     micro_batch_tokens: int = Field(
@@ -76,6 +91,13 @@ class TrainConfig(BaseModel):
                 key == "epsilon_high" and self.epsilon_high is None and self.loss == "cispo"
             ):
                 object.__setattr__(self, key, value)  # not through __setattr__: the field stays "unset"
+        return self
+
+    @model_validator(mode="after")
+    def _check_train_on(self) -> TrainConfig:
+        for key, names in (self.train_on or {}).items():
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"train_on[{key!r}] must be a non-empty list of names, not {names!r}")
         return self
 
     @property

@@ -156,7 +156,7 @@ def _squeezed(text: str) -> str:
 def _truncated(call: LLMCall) -> bool:
     if call.error:
         return True
-    choices = (call.response or {}).get("choices") or []
+    choices = call.choices()
     reason = choices[0].get("finish_reason") if choices else None
     return reason in (None, "length")
 
@@ -170,7 +170,7 @@ def _render(tokenizer: Any, call: LLMCall) -> list[int] | None:
         return chat_template_ids(
             tokenizer,
             call.request_messages(),
-            call.request.get("tools"),
+            call.request_tools(),
             add_generation_prompt=call.request.get("add_generation_prompt", True),
             **(call.request.get("chat_template_kwargs") or {}),
         )

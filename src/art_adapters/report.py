@@ -150,7 +150,7 @@ def table_html(history: list[dict[str, float]]) -> str:
 def call_tokens(call: LLMCall) -> list[tuple[str, float | None, int | None]]:
     """(piece, logprob, id) per sampled token: pieces from the response's logprobs.content, else the ids."""
     content: list[dict[str, Any]] = []
-    for choice in (call.response or {}).get("choices") or []:
+    for choice in call.choices():
         if choice.get("index", 0) == 0:
             content = ((choice.get("logprobs") or {}).get("content")) or []
     ids = call.completion_token_ids or []

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from .sources import CallSource
+
 Message = dict[str, Any]
 Messages = list[Message]
 MessageOrChoice = Annotated[Choice | Message, Field(union_mode="left_to_right")]
@@ -68,6 +70,7 @@ class LLMCall(BaseModel):
     started_at: float = Field(default_factory=time.time)
     latency_s: float = 0.0
     error: str | None = None
+    source: CallSource = Field(default_factory=CallSource)
 
     @property
     def ended_at(self) -> float:
@@ -77,14 +80,39 @@ class LLMCall(BaseModel):
     def model(self) -> str | None:
         return self.request.get("model")
 
+    @property
+    def api(self) -> Literal["chat", "responses"]:
+        """Which OpenAI API the call spoke (from its URL); the chat-format views below work for both."""
+        return "responses" if self.url.split("?", 1)[0].rstrip("/").endswith("/responses") else "chat"
+
     def request_messages(self) -> list[Message]:
+        if self.api == "responses":
+            from .capture.responses_api import chat_messages
+
+            return chat_messages(self.request)
         return list(self.request.get("messages") or [])
+
+    def request_tools(self) -> Tools | None:
+        if self.api == "responses":
+            from .capture.responses_api import chat_tools
+
+            return chat_tools(self.request.get("tools"))
+        return self.request.get("tools")
+
+    def choices(self) -> list[dict[str, Any]]:
+        """The answer's choices in chat-completion form (a Responses answer is one choice)."""
+        if not self.response:
+            return []
+        if self.api == "responses":
+            from .capture.responses_api import chat_choice
+
+            choice = chat_choice(self.response)
+            return [choice] if choice is not None else []
+        return [c for c in self.response.get("choices") or [] if isinstance(c, dict)]
 
     def response_message(self, index: int = 0) -> Message | None:
         """The assistant message of choice `index`, as a request-ready dict (None if the call failed)."""
-        if not self.response:
-            return None
-        for choice in self.response.get("choices") or []:
+        for choice in self.choices():
             if choice.get("index", 0) == index:
                 message = dict(choice.get("message") or {})
                 return {k: v for k, v in message.items() if v is not None}
@@ -113,6 +141,7 @@ class Trajectory(BaseModel):
     tools: Tools | None = None
     additional_histories: list[History] = Field(default_factory=list)
     reward: float = 0.0
+    rewards_by_role: dict[str, float] = Field(default_factory=dict)
     initial_policy_version: int | None = None
     final_policy_version: int | None = None
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)

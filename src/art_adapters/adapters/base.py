@@ -41,12 +41,13 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)
-_COMPLETIONS = ("/chat/completions", "/completions")
+_COMPLETIONS = ("/chat/completions", "/completions", "/responses")
 
 
 @dataclass(frozen=True)
 class Route:
-    """Which requests of this scope are recorded: completions POSTs under one of `prefixes` (any when empty)."""
+    """Which requests of this scope are recorded: completions and responses POSTs under one of `prefixes` (any
+    when empty)."""
 
     prefixes: tuple[str, ...] = ()
     request_token_ids: bool = False

@@ -69,7 +69,7 @@ class Conversation:
         n = len(self.keys)
         if len(keys) <= n or keys[:n] != self.keys:
             return None
-        for choice in (last.response or {}).get("choices") or []:
+        for choice in last.choices():
             message = choice.get("message")
             if isinstance(message, dict) and message_key(message) == keys[n]:
                 return n + 1, int(choice.get("index", 0))
@@ -92,18 +92,20 @@ class Conversation:
         answer = choice_of(last, self.picked[-1])
         if answer is not None:
             items.append(answer)
-        return items, last.request.get("tools")
+        return items, last.request_tools()
 
 
 def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
     """Choice `index` of the call as an openai Choice with `prompt_token_ids` / `token_ids` extras (the message dict
     if the server's choice is not a valid Choice)."""
-    for choice in (call.response or {}).get("choices") or []:
+    for choice in call.choices():
         if choice.get("index", 0) != index:
             continue
         data = dict(choice)
         if call.prompt_token_ids is not None and "prompt_token_ids" not in data:
             data["prompt_token_ids"] = call.prompt_token_ids
+        if call.api == "responses" and call.completion_token_ids is not None:
+            data.setdefault("token_ids", call.completion_token_ids)
         try:
             return Choice.model_validate(data)
         except ValidationError:
@@ -113,7 +115,7 @@ def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
 
 def split_conversations(calls: list[LLMCall]) -> list[Conversation]:
     """Group answered calls into conversations, in order of their first call (unanswered calls are left out)."""
-    answered = [call for call in calls if not call.error and (call.response or {}).get("choices")]
+    answered = [call for call in calls if not call.error and call.choices()]
     if len(answered) == 1:  # the common single-call rollout: nothing to chain, no keys to compute
         return [Conversation(answered[0], [])]
     conversations: list[Conversation] = []

@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 
 from ..trajectories import LLMCall, SampledChoice, Trajectory
+from .frameworks import source_of_context, with_handoffs
+from .responses_api import final_response, token_fields
 from .sse import parse_events, reassemble
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ class Exchange:
         "decoded",
         "done",
         "logprobs_mode",
+        "source",
+        "kind",
     )
 
     def __init__(
@@ -45,6 +49,7 @@ class Exchange:
         body: bytes,
         payload: dict[str, Any] | None,
         logprobs_mode: str | None,
+        kind: str = "chat",
     ) -> None:
         self.trajectory = trajectory
         self.request_body = body
@@ -58,6 +63,8 @@ class Exchange:
         self.decoded = False
         self.done = False
         self.logprobs_mode = logprobs_mode
+        self.kind = kind
+        self.source = source_of_context()  # read here: this runs in the task that sends the request
 
     def finish(
         self,
@@ -94,7 +101,7 @@ class Exchange:
             if body is None:
                 body, message = self._parse(message, early, bool(request.get("stream")))
             if body is not None:
-                fields = body_fields(body)
+                fields = responses_fields(body) if self.kind == "responses" else body_fields(body)
         call = LLMCall(
             request=request,
             url=str(self.url),
@@ -104,6 +111,7 @@ class Exchange:
             latency_s=latency,
             logprobs_mode=self.logprobs_mode,
             error=message,
+            source=with_handoffs(self.source, [c.source for c in self.trajectory.llm_calls]),
             **fields,
         )
         _insert(self.trajectory.llm_calls, call)
@@ -123,6 +131,12 @@ class Exchange:
             return None, error or f"HTTP {status}: {text[:2000]}"
         if streamed or "text/event-stream" in headers.get("content-type", ""):
             events, done, stream_error = parse_events(raw)
+            if self.kind == "responses":  # no [DONE]: the stream ends with the final response event
+                response, done = final_response(events)
+                if error is None and not done:
+                    ended = "closed" if early else "ended"
+                    error = stream_error or f"stream {ended} before its final response event"
+                return response, error or stream_error
             if error is None and not done:
                 error = stream_error or (
                     "stream closed before [DONE]" if early else "stream ended before [DONE]"
@@ -162,6 +176,11 @@ def body_fields(body: dict[str, Any]) -> dict[str, Any]:
             )
     fields["other_choices"] = others
     return fields
+
+
+def responses_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """LLMCall fields of a Responses API body: the body and vLLM's token ids / output logprobs."""
+    return {"response": body, **token_fields(body)}
 
 
 def _logprobs(value: Any) -> list[float] | None:

@@ -6,6 +6,7 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 
 from ..trajectories import Trajectory
+from .frameworks import disable_langchain_sources, enable_langchain_sources
 
 CURRENT: ContextVar[Trajectory | None] = ContextVar("art_adapters_capture", default=None)
 
@@ -33,14 +34,16 @@ class capture:  # noqa: N801 - used like a function: `with capture() as trajecto
     conversation from the calls if the rollout did not.
     """
 
-    __slots__ = ("trajectory", "_tokens")
+    __slots__ = ("trajectory", "_tokens", "_sources")
 
     def __init__(self, trajectory: Trajectory | None = None) -> None:
         self.trajectory = trajectory if trajectory is not None else Trajectory()
         self._tokens: list[Token[Trajectory | None]] = []
+        self._sources: list[object] = []
 
     def __enter__(self) -> Trajectory:
         self._tokens.append(CURRENT.set(self.trajectory))
+        self._sources.append(enable_langchain_sources())
         self.trajectory._sealed = False
         return self.trajectory
 
@@ -48,6 +51,7 @@ class capture:  # noqa: N801 - used like a function: `with capture() as trajecto
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         CURRENT.reset(self._tokens.pop())
+        disable_langchain_sources(self._sources.pop())
         self.trajectory._sealed = True  # a call still in flight (a task that outlived the scope) is dropped
         self.trajectory.finish()
 

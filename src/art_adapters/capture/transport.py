@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from .record import Exchange, decode
+from .responses_api import ask_token_ids as ask_responses_token_ids
 from .sampling import sampling_note
 from .scope import CURRENT
 
@@ -39,19 +40,32 @@ def _kind(request: httpx.Request) -> str | None:
         return "chat"
     if path.endswith("/completions"):
         return "completions"
+    if path.endswith("/responses"):
+        return "responses"
     return None
 
 
-def _ask_token_ids(request: httpx.Request, body: bytes) -> tuple[httpx.Request, bytes, dict[str, Any] | None]:
-    """Add vLLM's `return_token_ids` and `logprobs` where the body does not set them."""
+def _ask_token_ids(
+    request: httpx.Request, body: bytes, kind: str = "chat"
+) -> tuple[httpx.Request, bytes, dict[str, Any] | None]:
+    """Add vLLM's `return_token_ids` and `logprobs` where the body does not set them (for the Responses API,
+    `enable_response_messages` and the output text's logprobs)."""
     try:
         payload = json.loads(body)
     except ValueError:
         return request, body, None
-    if not isinstance(payload, dict) or ("return_token_ids" in payload and "logprobs" in payload):
-        return request, body, payload if isinstance(payload, dict) else None
-    payload.setdefault("return_token_ids", True)
-    payload.setdefault("logprobs", True)
+    if not isinstance(payload, dict):
+        return request, body, None
+    if kind == "responses":
+        asked = ask_responses_token_ids(payload)
+        if asked == payload:
+            return request, body, payload
+        payload = asked
+    elif "return_token_ids" in payload and "logprobs" in payload:
+        return request, body, payload
+    else:
+        payload.setdefault("return_token_ids", True)
+        payload.setdefault("logprobs", True)
     body = json.dumps(payload).encode()
     headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _DROP_ON_REWRITE]
     headers.append(("content-length", str(len(body))))
@@ -122,7 +136,8 @@ class _Options:
 
 
 class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
-    """Wraps a transport; records `/chat/completions` (and `/completions`) POSTs made inside `capture()`.
+    """Wraps a transport; records `/chat/completions`, `/responses` (and `/completions`) POSTs made inside
+    `capture()`.
 
     `request_token_ids`: ask vLLM for token ids and logprobs. `annotate_choices`: copy `prompt_token_ids` into each
     choice of JSON answers (our backend only; the one case where a body is rewritten). Outside a scope and with
@@ -150,12 +165,12 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
             return self.inner.handle_request(request)
         body = request.read()
         payload = None
-        if options.request_token_ids and kind == "chat":
-            request, body, payload = _ask_token_ids(request, body)
+        if options.request_token_ids and kind != "completions":
+            request, body, payload = _ask_token_ids(request, body, kind)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
         exchange = (
-            Exchange(trajectory, request, body, payload, options.logprobs_mode)
+            Exchange(trajectory, request, body, payload, options.logprobs_mode, kind)
             if trajectory is not None
             else None
         )
@@ -215,12 +230,12 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
             return await self.inner.handle_async_request(request)
         body = await request.aread()
         payload = None
-        if options.request_token_ids and kind == "chat":
-            request, body, payload = _ask_token_ids(request, body)
+        if options.request_token_ids and kind != "completions":
+            request, body, payload = _ask_token_ids(request, body, kind)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
         exchange = (
-            Exchange(trajectory, request, body, payload, options.logprobs_mode)
+            Exchange(trajectory, request, body, payload, options.logprobs_mode, kind)
             if trajectory is not None
             else None
         )

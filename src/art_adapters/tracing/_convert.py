@@ -84,7 +84,7 @@ def last_assistant(messages: list[Message]) -> Message | None:
 
 
 def _finish_reason(call: LLMCall) -> str | None:
-    for choice in (call.response or {}).get("choices") or []:
+    for choice in call.choices():
         if choice.get("index", 0) == 0:
             return choice.get("finish_reason")
     return None
@@ -139,7 +139,7 @@ def generation_obs(call: LLMCall, index: int, step: int | None, history: int | N
         "latency_s": round(call.latency_s, 6),
         "url": call.url or None,
     }
-    if call.request.get("tools"):
+    if call.request_tools():
         metadata["tools"] = [(t.get("function") or {}).get("name") for t in call.request["tools"]]
     if history is not None:
         metadata["history"] = history

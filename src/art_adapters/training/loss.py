@@ -1,6 +1,8 @@
 """Group advantages and the clipped, importance-weighted policy-gradient loss (GRPO family), top to bottom.
 
-Variants (r = exp(logp_new - logp_sampled) per trained token, A = the trajectory's group advantage):
+Variants (r = exp(logp_new - logp_sampled) per trained token, A = the token's group advantage: its trajectory's,
+or with per-role rewards (`trajectory.rewards_by_role`) its role's, computed among the group's rewards for that
+role, a trajectory without one counting its overall reward; see `role_advantages`):
   grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) per token (PPO clip; epsilon_high > epsilon is DAPO).
   gspo:   the same, but r is the trajectory's ratio exp(mean over its trained tokens of logp_new - logp_sampled);
           defaults as published: clip 3e-4 / 4e-4, sequence normalization.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TrainConfig
+from ..trajectories import Trajectory
 
 
 class RewardError(ValueError):
@@ -47,6 +50,21 @@ def group_advantages(
     if std <= 1e-8 * max(1.0, abs(mean)):
         return None
     return [(r - mean) / std if scale_rewards else r - mean for r in rewards]
+
+
+def role_advantages(
+    trajectories: Sequence[Trajectory], scale_rewards: bool = True, group_index: int = 0
+) -> dict[str, list[float]]:
+    """Per-role group advantages: for each role named in a trajectory's `rewards_by_role`, the advantages of the
+    group's rewards for that role (a trajectory's overall reward where it gives none). A role whose rewards are
+    all equal gets zeros: its tokens carry no signal, whatever the overall rewards say."""
+    roles = sorted({role for t in trajectories for role in t.rewards_by_role})
+    out: dict[str, list[float]] = {}
+    for role in roles:
+        rewards = [float(t.rewards_by_role.get(role, t.reward)) for t in trajectories]
+        advantages = group_advantages(rewards, scale_rewards=scale_rewards, group_index=group_index)
+        out[role] = advantages if advantages is not None else [0.0] * len(rewards)
+    return out if any(any(v) for v in out.values()) else {}
 
 
 @dataclass

@@ -20,9 +20,15 @@ from ..config import LoRAConfig, SFTConfig, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
 from . import adapter_io
 from .batching import pack_micro_batches, trajectory_of
-from .loss import StepTotals, group_advantages, policy_loss
+from .loss import StepTotals, group_advantages, policy_loss, role_advantages
 from .quiet import quiet_loading
-from .tokenize import TrainSequence, sequences_from_samples, sft_samples, tokenize_trajectory
+from .tokenize import (
+    TokenizationError,
+    TrainSequence,
+    sequences_from_samples,
+    sft_samples,
+    tokenize_trajectory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -223,12 +229,14 @@ class Trainer:
             "trained_tokens": 0,
             "truncated_tokens": 0,
             "ratio_excluded_tokens": 0,
+            "left_out_tokens": 0,
         }
         excluded_reasons: set[str] = set()
         sequences: list[TrainSequence] = []
+        fractions: list[float] = []
         for g, group in enumerate(groups):
             group_advantages([t.reward for t in group.trajectories], group_index=g)  # NaN/inf -> error
-            tokenized = []
+            tokenized: list[tuple[Trajectory, list[TrainSequence]]] = []
             for i, trajectory in enumerate(group.trajectories):
                 out = tokenize_trajectory(
                     trajectory,
@@ -238,27 +246,41 @@ class Trainer:
                     group_index=g,
                     trajectory_index=i,
                     train_unkept_choices=config.train_unkept_choices,
+                    train_on=dict(config.train_on) if config.train_on else None,
+                    train_retokenized_text=config.train_retokenized_text,
                 )
                 metrics["truncated_tokens"] += out.truncated_tokens
                 metrics["ratio_excluded_tokens"] += out.excluded_tokens
+                metrics["left_out_tokens"] += out.left_out_tokens
                 excluded_reasons |= out.excluded_reasons
                 if out.skipped:
                     metrics["skipped_trajectories"] += 1
                 else:
-                    tokenized.append((trajectory.reward, out.sequences))
+                    trajectory.metrics["sampled_token_fraction"] = out.sampled_token_fraction
+                    fractions.append(out.sampled_token_fraction)
+                    tokenized.append((trajectory, out.sequences))
             if not tokenized:
                 metrics["groups_without_samples"] += 1
                 continue
             advantages = group_advantages(
-                [reward for reward, _ in tokenized], scale_rewards=config.scale_rewards, group_index=g
+                [t.reward for t, _ in tokenized], scale_rewards=config.scale_rewards, group_index=g
             )
-            if advantages is None:
+            by_role = role_advantages([t for t, _ in tokenized], config.scale_rewards, g)
+            if advantages is None and not by_role:
                 metrics["skipped_groups"] += 1
                 continue
-            for advantage, (_, seqs) in zip(advantages, tokenized, strict=True):
+            for k, (_, seqs) in enumerate(tokenized):
                 for sequence in seqs:
-                    sequence.advantage = advantage
+                    sequence.advantage = advantages[k] if advantages is not None else 0.0
+                    sequence.role_advantages = {role: values[k] for role, values in by_role.items()}
                     sequences.append(sequence)
+        metrics["sampled_token_fraction"] = min(fractions, default=1.0)
+        if metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
+            raise TokenizationError(
+                f"sampled_token_fraction is {metrics['sampled_token_fraction']:.4f}: some trained tokens were not "
+                "sampled by the engine; refusing to train on them (TrainConfig(train_retokenized_text=True) "
+                "allows re-tokenized text)"
+            )
         metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
         if metrics["ratio_excluded_tokens"]:
             log.warning(
@@ -282,7 +304,7 @@ class Trainer:
                 ref = self._token_logprobs(rows, targets, temps)
         flat = [(b, t) for b, ts in enumerate(targets) for t in ts]
         sampled = torch.tensor([batch[b].sampled_logprobs[t] for b, t in flat], dtype=torch.float32)
-        advantages = torch.tensor([batch[b].advantage for b, _ in flat], dtype=torch.float32)
+        advantages = torch.tensor([batch[b].advantage_at(t) for b, t in flat], dtype=torch.float32)
         units: dict[tuple[int, int], int] = {}  # each trajectory's index inside this micro-batch
         for sequence in batch:
             units.setdefault(trajectory_of(sequence), len(units))

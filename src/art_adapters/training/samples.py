@@ -1,0 +1,244 @@
+"""Where a trajectory's samples come from: captured calls, hand-built Choices, and (on request) re-rendered text.
+
+A `Sample` is one sampled completion with the exact prompt it was sampled from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+
+from ..capture.sampling import unreproducible_settings
+from ..sources import CallSource
+from ..trajectories import History, LLMCall, Tools, Trajectory, messages_of
+from .render import ChatTokenizer, chat_template_ids
+
+log = logging.getLogger(__name__)
+
+NAN = float("nan")
+
+
+@dataclass
+class Sample:
+    """One sampled completion and the exact prompt it was sampled from. `excluded`: why its logprobs are not of a
+    distribution the trainer reproduces (they are dropped: NaN, no importance ratio), or None."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    temperature: float
+    excluded: str | None = None
+    source: CallSource | None = None
+    trained: bool = True  # False: chained as context only (its call is not among `train_on`)
+    sampled: bool = True  # False: re-tokenized text (only with `train_retokenized_text`)
+
+
+def samples_of(
+    trajectory: Trajectory,
+    tokenizer: ChatTokenizer,
+    *,
+    train_unkept_choices: bool = False,
+    train_retokenized_text: bool = False,
+) -> list[Sample]:
+    """Every sampled completion of the trajectory, in order: captured calls first, then hand-built Choices
+    (then, only with `train_retokenized_text`, assistant turns without sampled ids, re-rendered: `sampled=False`).
+
+    A Choice whose sampled ids equal a captured call's is the same sample (the conversation view of the call)
+    and is not counted twice. Unkept choices of n > 1 calls are left out (see `tokenize_trajectory`).
+    """
+    histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
+    per_call: list[list[Sample]] = []
+    calls_seen: set[tuple[Any, ...]] = set()
+    for history in histories:
+        for call in history.llm_calls:  # a history may list calls the trajectory lists too (`finish()`)
+            key = (
+                call.started_at,
+                tuple(call.prompt_token_ids or ()),
+                tuple(call.completion_token_ids or ()),
+            )
+            if key not in calls_seen:
+                calls_seen.add(key)
+                per_call.append(_samples_of_call(call))
+    if not train_unkept_choices:
+        per_call = _kept_choices(per_call, _choice_ids(histories))
+    samples = [s for call in per_call for s in call]
+    seen = Counter(tuple(s.completion_ids) for s in samples)
+    for history in histories:
+        samples += _samples_of_choices(history.messages_and_choices, history.tools, tokenizer, seen)
+    if train_retokenized_text:
+        for history in histories:
+            samples += _retokenized_turns(history, tokenizer)
+    return samples
+
+
+def _retokenized_turns(history: History | Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
+    """Assistant turns given as plain message dicts (no sampled ids), rendered by the chat template."""
+    plain = [
+        i
+        for i, item in enumerate(history.messages_and_choices)
+        if isinstance(item, dict) and item.get("role") == "assistant" and "token_ids" not in item
+    ]
+    if not plain:
+        return []
+    messages = history.messages()
+    out = []
+    for i in plain:
+        prefix = chat_template_ids(tokenizer, messages[:i], history.tools)
+        full = chat_template_ids(tokenizer, messages[: i + 1], history.tools, add_generation_prompt=False)
+        if full[: len(prefix)] == prefix and len(full) > len(prefix):
+            n = len(full) - len(prefix)
+            out.append(Sample(prefix, full[len(prefix) :], [NAN] * n, 1.0, sampled=False))
+    return out
+
+
+def excluded_reason(request: dict[str, Any], logprobs_mode: str | None) -> str | None:
+    """Why logprobs recorded for `request` are not of a distribution the trainer reproduces (it applies only the
+    temperature): settings such as top_p or guided decoding, greedy sampling, or logprobs of unknown or raw kind
+    at a temperature other than 1. None when they can be used."""
+    reasons = unreproducible_settings(request)
+    temperature = _temperature(request)
+    if temperature < 1e-5:
+        reasons.append("temperature 0 (greedy)")
+    elif temperature != 1.0 and logprobs_mode != "processed_logprobs":
+        reasons.append(f"{logprobs_mode or 'unknown-kind'} logprobs at temperature {temperature:g}")
+    return ", ".join(reasons) or None
+
+
+def _choice_ids(histories: list[History | Trajectory]) -> set[tuple[int, ...]]:
+    """Sampled ids of the Choices the rollout appended to its conversations (choices it kept)."""
+    out: set[tuple[int, ...]] = set()
+    for history in histories:
+        for item in history.messages_and_choices:
+            ids = _extra(item, "token_ids") if isinstance(item, Choice) else None
+            if ids:
+                out.add(tuple(ids))
+    return out
+
+
+def _kept_choices(per_call: list[list[Sample]], appended: set[tuple[int, ...]]) -> list[list[Sample]]:
+    """Of each call's choices, those a later call continues or the rollout appended; the first if none was."""
+    out: list[list[Sample]] = []
+    for i, choices in enumerate(per_call):
+        if len(choices) <= 1:
+            out.append(choices)
+            continue
+        later = [s.prompt_ids for call in per_call[i + 1 :] for s in call]
+        kept = [s for s in choices if _is_kept(s, later, appended)]
+        out.append(kept or choices[:1])
+    return out
+
+
+def _is_kept(sample: Sample, later_prompts: list[list[int]], appended: set[tuple[int, ...]]) -> bool:
+    whole = sample.prompt_ids + sample.completion_ids
+    return tuple(sample.completion_ids) in appended or any(p[: len(whole)] == whole for p in later_prompts)
+
+
+def _samples_of_call(call: LLMCall) -> list[Sample]:
+    if call.error or not call.prompt_token_ids:
+        return []
+    temperature = _temperature(call.request)
+    excluded = excluded_reason(call.request, call.logprobs_mode)
+    if temperature < 1e-5:  # greedy: no sampling distribution; the trainer's own at T=1 stands in
+        temperature = 1.0
+    keep_logprobs = excluded is None
+    choices = [(call.completion_token_ids, call.logprobs)]
+    choices += [(c.token_ids, c.logprobs) for c in call.other_choices]
+    samples = []
+    for token_ids, logprobs in choices:
+        if not token_ids:
+            continue
+        samples.append(
+            Sample(
+                prompt_ids=list(call.prompt_token_ids),
+                completion_ids=list(token_ids),
+                logprobs=_aligned(logprobs if keep_logprobs else None, len(token_ids)),
+                temperature=temperature,
+                excluded=excluded,
+                source=call.source,
+            )
+        )
+    return samples
+
+
+def _samples_of_choices(
+    items: list[Any], tools: Tools | None, tokenizer: ChatTokenizer, seen: Counter[tuple[int, ...]]
+) -> list[Sample]:
+    """Samples of the Choices carrying `token_ids`, except those already `seen` (counted down)."""
+    samples = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and "message" in item and "token_ids" in item:
+            item = Choice.model_validate(item)  # a Choice that came back from JSON as a plain dict
+        if not isinstance(item, Choice):
+            continue
+        token_ids = _extra(item, "token_ids")
+        if not token_ids:
+            continue
+        if seen[tuple(token_ids)] > 0:
+            seen[tuple(token_ids)] -= 1
+            continue
+        prompt_ids = _extra(item, "prompt_token_ids")
+        if not prompt_ids:
+            prompt_ids = chat_template_ids(tokenizer, messages_of(items[:i]), tools)
+        logprobs = None
+        if item.logprobs is not None and item.logprobs.content is not None:
+            logprobs = [entry.logprob for entry in item.logprobs.content]
+        note = _extra(item, "sampling") or {}  # what the recording client noted of the request (our backend)
+        temperature = note.get("temperature", _extra(item, "temperature"))
+        temperature = 1.0 if temperature is None else float(temperature)
+        excluded = ", ".join(note.get("unreproducible") or []) or None
+        if temperature < 1e-5:
+            temperature, excluded = 1.0, ", ".join(filter(None, [excluded, "temperature 0 (greedy)"]))
+        samples.append(
+            Sample(
+                prompt_ids=[int(t) for t in prompt_ids],
+                completion_ids=[int(t) for t in token_ids],
+                logprobs=_aligned(None if excluded else logprobs, len(token_ids)),
+                temperature=temperature,
+                excluded=excluded,
+            )
+        )
+    return samples
+
+
+def _extra(choice: Choice, key: str) -> Any:
+    value = getattr(choice, key, None)
+    if value is None and choice.model_extra:
+        value = choice.model_extra.get(key)
+    return value
+
+
+def _temperature(request: dict[str, Any]) -> float:
+    value = request.get("temperature")
+    return 1.0 if value is None else float(value)
+
+
+def _aligned(logprobs: list[float] | None, n: int) -> list[float]:
+    """The sampled logprobs, or NaN (ratio taken as 1) when missing, misaligned or not finite."""
+    if logprobs is None or len(logprobs) != n:
+        return [NAN] * n
+    return [float(x) if x is not None and math.isfinite(x) else NAN for x in logprobs]
+
+
+def sft_samples(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
+    """Supervised data: each assistant turn re-rendered by the chat template (fine here: nothing was sampled)."""
+    samples: list[Sample] = []
+    histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
+    for history in histories:
+        messages = history.messages()
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            prefix = chat_template_ids(tokenizer, messages[:i], history.tools)
+            full = chat_template_ids(tokenizer, messages[: i + 1], history.tools, add_generation_prompt=False)
+            if full[: len(prefix)] != prefix or len(full) == len(prefix):
+                log.warning(
+                    "assistant turn %d does not extend its prompt under the chat template; skipped", i
+                )
+                continue
+            samples.append(Sample(prefix, full[len(prefix) :], [NAN] * (len(full) - len(prefix)), 1.0))
+    return samples
