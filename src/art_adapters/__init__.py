@@ -19,6 +19,7 @@ from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, Unsupp
 from .config import LoRAConfig, SFTConfig, TrainConfig, TrainSFTConfig
 from .decorators import retry
 from .model import Model, TrainableModel
+from .sources import CallSource, role
 from .trajectories import (
     History,
     LLMCall,
@@ -92,6 +93,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CallSource",
+    "role",
     "Backend",
     "History",
     "LLMCall",

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from .sources import CallSource
+from .sources import CallSource, SplitBy
 
 Message = dict[str, Any]
 Messages = list[Message]
@@ -207,18 +207,27 @@ class Trajectory(BaseModel):
 
         exit_trajectory(self, *exc_info)
 
-    def finish(self, main: MainPolicy = "last") -> Trajectory:
+    def histories(self, by: SplitBy = "role") -> dict[str | None, list[History]]:
+        """The captured calls grouped by where they came from (`"node"`, `"agent"` or `"role"`, see
+        `CallSource.key`), each group's conversations as Histories; key None holds calls with no such source."""
+        from .capture.conversations import histories_by
+
+        return histories_by(self.llm_calls, by)
+
+    def finish(self, main: MainPolicy = "last", split_by: SplitBy | None = None) -> Trajectory:
         """Build the conversation from the captured calls if the rollout did not, and stamp the end.
 
         Calls are chained into conversations (a call continues one when its messages extend that one's last
         messages + answer). The main one, `main="last"`: the one holding the last answered call (the agent's final
         answer), or `"most_calls"`; the others (sub-agents, summarisers) become `additional_histories`. Answers
         become openai Choices carrying `prompt_token_ids` / `token_ids` / logprobs. `llm_calls` stays the full list.
+        `split_by` ("node", "agent", "role"): no conversation mixes calls of two groups (a handoff then starts a
+        new history). The main one is then the group holding the chosen call.
         """
         if not self.messages_and_choices and self.llm_calls:
-            from .capture.conversations import main_index, split_conversations
+            from .capture.conversations import conversations_by, main_index
 
-            conversations = split_conversations(self.llm_calls)
+            conversations = conversations_by(self.llm_calls, split_by)
             if conversations:
                 index = main_index(conversations, self.llm_calls, main)
                 self.messages_and_choices, self.tools = conversations[index].messages_and_choices()

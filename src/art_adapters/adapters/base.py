@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import httpx
 
 from ..capture import AsyncRecordingTransport, RecordingTransport, capture
+from ..sources import SplitBy
 from ..trajectories import Trajectory
 
 if TYPE_CHECKING:
@@ -171,22 +172,24 @@ def scope(
     endpoints: tuple[str, ...] = (),
     trajectory: Trajectory | None = None,
     main: Literal["first", "last", "most_calls"] = "most_calls",
+    split_by: SplitBy | None = None,
 ) -> Iterator[Trajectory]:
     """A capture scope plus the route: every matching call made in this context is recorded into the Trajectory.
 
     `main`: which captured conversation becomes the trajectory's own when the rollout built none: the one with
     most calls (default: the agent loop, not a one-shot summariser or judge next to it) or the `last` one.
+    `split_by` ("node", "agent", "role"): conversations never mix calls from two of them (see Trajectory.finish).
     """
     route = route_for(model, request_token_ids, endpoints)
     token = ROUTE.set(route)
     try:
         _install()
-        with capture(trajectory) as current:
+        with capture(trajectory, split_by=split_by) as current:
             yield current
             rebuild = main != "last" and not current.messages_and_choices and not current.additional_histories
         if rebuild and current.additional_histories:  # capture's finish() chose "last"; choose again
             current.messages_and_choices, current.tools, current.additional_histories = [], None, []
-            current.finish(main=main)
+            current.finish(main=main, split_by=split_by)
     finally:
         ROUTE.reset(token)
         _uninstall()
@@ -254,7 +257,8 @@ def wrap_rollout(model: Model | None = None, fn: Callable[..., Any] | None = Non
     The function runs the agent unchanged and returns a float reward, a Trajectory, or None; the wrapped one
     returns the Trajectory holding every LLM call it made to the model's endpoint, in order (token ids where the
     endpoint gives them). Options: `request_token_ids` (default: whether the model's backend gives them),
-    `endpoints` (more base URLs to record), `main` (see `scope`). Sync functions give sync wrappers.
+    `endpoints` (more base URLs to record), `main` and `split_by` (see `scope`). Sync functions give sync
+    wrappers. Each call records where it came from (`call.source`: graph node, agent, role).
     """
     if fn is None:
         return functools.partial(wrap_rollout, model, **options)

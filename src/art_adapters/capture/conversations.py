@@ -11,7 +11,8 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
-from ..trajectories import LLMCall, Message, MessageOrChoice, Tools
+from ..sources import SplitBy
+from ..trajectories import History, LLMCall, Message, MessageOrChoice, Tools
 
 Key = tuple[Any, ...]
 
@@ -147,3 +148,32 @@ def main_index(conversations: list[Conversation], calls: list[LLMCall], policy: 
         if id(call) in owner:
             return owner[id(call)]
     return len(conversations) - 1
+
+
+def grouped_calls(calls: list[LLMCall], by: SplitBy) -> dict[str | None, list[LLMCall]]:
+    """The calls grouped by `call.source.key(by)`, groups in order of their first call."""
+    groups: dict[str | None, list[LLMCall]] = {}
+    for call in calls:
+        groups.setdefault(call.source.key(by), []).append(call)
+    return groups
+
+
+def conversations_by(calls: list[LLMCall], by: SplitBy | None) -> list[Conversation]:
+    """`split_conversations`, first splitting the calls by source (`by`) so no conversation mixes two groups."""
+    if by is None:
+        return split_conversations(calls)
+    return [c for group in grouped_calls(calls, by).values() for c in split_conversations(group)]
+
+
+def histories_by(calls: list[LLMCall], by: SplitBy) -> dict[str | None, list[History]]:
+    """Per group (node, agent or role), its conversations as Histories (answers as Choices carrying ids)."""
+    out: dict[str | None, list[History]] = {}
+    for key, group in grouped_calls(calls, by).items():
+        histories = []
+        for conversation in split_conversations(group):
+            items, tools = conversation.messages_and_choices()
+            histories.append(
+                History(messages_and_choices=items, tools=tools, llm_calls=list(conversation.calls))
+            )
+        out[key] = histories
+    return out

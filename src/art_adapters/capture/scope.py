@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextvars import ContextVar, Token
 from types import TracebackType
 
+from ..sources import SplitBy
 from ..trajectories import Trajectory
 from .frameworks import disable_langchain_sources, enable_langchain_sources
 
@@ -31,13 +32,14 @@ class capture:  # noqa: N801 - used like a function: `with capture() as trajecto
 
     Works as `with` and `async with`. The scope is a ContextVar, so concurrent rollouts (tasks) never mix; tasks
     started inside inherit it; in nested scopes the inner one wins. On exit `trajectory.finish()` builds the
-    conversation from the calls if the rollout did not.
+    conversation from the calls if the rollout did not (`split_by`: see `Trajectory.finish`).
     """
 
-    __slots__ = ("trajectory", "_tokens", "_sources")
+    __slots__ = ("trajectory", "split_by", "_tokens", "_sources")
 
-    def __init__(self, trajectory: Trajectory | None = None) -> None:
+    def __init__(self, trajectory: Trajectory | None = None, *, split_by: SplitBy | None = None) -> None:
         self.trajectory = trajectory if trajectory is not None else Trajectory()
+        self.split_by = split_by
         self._tokens: list[Token[Trajectory | None]] = []
         self._sources: list[object] = []
 
@@ -53,7 +55,7 @@ class capture:  # noqa: N801 - used like a function: `with capture() as trajecto
         CURRENT.reset(self._tokens.pop())
         disable_langchain_sources(self._sources.pop())
         self.trajectory._sealed = True  # a call still in flight (a task that outlived the scope) is dropped
-        self.trajectory.finish()
+        self.trajectory.finish(split_by=self.split_by)
 
     async def __aenter__(self) -> Trajectory:
         return self.__enter__()

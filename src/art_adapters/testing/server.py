@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .replies import Rendered, Reply, error_body, render_chat, render_completion
+from .responses import render_response
 
 Responder = Callable[[dict[str, Any]], "Reply | str"]
 
@@ -188,7 +189,7 @@ class ScriptedServer:
         if method == "GET" and path.endswith("/models"):
             data = [{"id": self.model, "object": "model", "created": 0, "owned_by": "scripted"}]
             return Rendered(body=json.dumps({"object": "list", "data": data}).encode())
-        if method != "POST" or not (path.endswith("/chat/completions") or path.endswith("/completions")):
+        if method != "POST" or not path.endswith(("/chat/completions", "/completions", "/responses")):
             return Rendered(status=404, body=error_body(404, f"no route {method} {path}"))
         try:
             request = json.loads(body)
@@ -204,6 +205,8 @@ class ScriptedServer:
             return Rendered(status=500, body=error_body(500, f"responder raised {error!r}"))
         if reply is None:
             return Rendered(status=500, body=error_body(500, "script exhausted"))
+        if path.endswith("/responses"):
+            return render_response(request, reply, seq=seq, model=self.model)
         render = render_chat if path.endswith("/chat/completions") else render_completion
         return render(request, reply, seq=seq, model=self.model)
 

@@ -64,7 +64,7 @@ def role_advantages(
         rewards = [float(t.rewards_by_role.get(role, t.reward)) for t in trajectories]
         advantages = group_advantages(rewards, scale_rewards=scale_rewards, group_index=group_index)
         out[role] = advantages if advantages is not None else [0.0] * len(rewards)
-    return out if any(any(v) for v in out.values()) else {}
+    return out
 
 
 @dataclass

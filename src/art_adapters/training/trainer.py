@@ -266,7 +266,7 @@ class Trainer:
                 [t.reward for t, _ in tokenized], scale_rewards=config.scale_rewards, group_index=g
             )
             by_role = role_advantages([t for t, _ in tokenized], config.scale_rewards, g)
-            if advantages is None and not by_role:
+            if advantages is None and not any(any(values) for values in by_role.values()):
                 metrics["skipped_groups"] += 1
                 continue
             for k, (_, seqs) in enumerate(tokenized):
