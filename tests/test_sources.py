@@ -1,0 +1,245 @@
+"""Where each call came from (`LLMCall.source`), read from the frameworks' own context: LangGraph nodes (hand-built
+graph, subgraph, parallel `Send`, `create_agent`), Agents SDK agents (handoffs, agents-as-tools, on the default
+Responses model, JSON and streamed), `art.role`; and the Responses API capture itself. Real SDKs against the
+scripted OpenAI-compatible server (deterministic tool calls)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+import httpx
+import openai
+import pytest
+from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
+
+import art_adapters as art
+from art_adapters.capture import AsyncRecordingTransport
+from art_adapters.langgraph import wrap_rollout
+from art_adapters.openai_agents import wrap_rollout as agents_rollout
+from art_adapters.testing import Reply, ScriptedServer
+
+set_tracing_disabled(True)
+aio = pytest.mark.asyncio
+
+
+class State(TypedDict):
+    task: str
+    notes: Annotated[list[str], operator.add]
+
+
+def art_model(server: ScriptedServer) -> art.Model:
+    return art.Model(name="m", project="p", inference_base_url=server.base_url, inference_api_key="x")
+
+
+def planner_graph(server: ScriptedServer) -> Any:
+    """planner -> two parallel `Send`s to executor -> a `review` subgraph (its node `critic`)."""
+    llm = ChatOpenAI(model="m", base_url=server.base_url, api_key="x", max_retries=0)
+
+    async def planner(state: State) -> dict[str, Any]:
+        answer = await llm.ainvoke(f"Plan: {state['task']}")
+        return {"notes": [str(answer.content)]}
+
+    async def executor(state: State) -> dict[str, Any]:
+        answer = await llm.with_config(metadata={"role": "worker"}).ainvoke(f"Do: {state['task']}")
+        return {"notes": [str(answer.content)]}
+
+    async def critic(state: State) -> dict[str, Any]:
+        answer = await llm.ainvoke(f"Review: {state['notes']}")
+        return {"notes": [str(answer.content)]}
+
+    review = StateGraph(State)
+    review.add_node("critic", critic)
+    review.add_edge(START, "critic")
+    review.add_edge("critic", END)
+    graph = StateGraph(State)
+    graph.add_node("planner", planner)
+    graph.add_node("executor", executor)
+    graph.add_node("review", review.compile())
+    graph.add_edge(START, "planner")
+    graph.add_conditional_edges(
+        "planner",
+        lambda s: [Send("executor", {"task": f"part {i}", "notes": []}) for i in range(2)],
+        ["executor"],
+    )
+    graph.add_edge("executor", "review")
+    graph.add_edge("review", END)
+    return graph.compile()
+
+
+@aio
+async def test_langgraph_nodes_subgraph_and_send_are_told_apart() -> None:
+    with ScriptedServer(lambda request: Reply(content="ok")) as server:
+        graph = planner_graph(server)
+
+        @wrap_rollout(art_model(server), split_by="node")
+        async def rollout() -> float:
+            await graph.ainvoke({"task": "t", "notes": []})
+            return 1.0
+
+        trajectory = await rollout()
+    sources = [c.source for c in trajectory.llm_calls]
+    assert [s.node_path for s in sources] == ["planner", "executor", "executor", "review/critic"]
+    assert {s.framework for s in sources} == {"langgraph"}
+    assert [s.role for s in sources] == [None, "worker", "worker", None]
+    executors = sources[1:3]  # parallel Send branches: one node, two runs, two namespaces
+    assert (
+        executors[0].run_id != executors[1].run_id
+        and executors[0].checkpoint_ns != executors[1].checkpoint_ns
+    )
+    assert all(s.run_id and s.parent_run_id for s in sources)
+    assert sources[3].checkpoint_ns and sources[3].checkpoint_ns.startswith("review:")
+    by_node = trajectory.histories(by="node")
+    assert {k: sum(len(h.llm_calls) for h in v) for k, v in by_node.items()} == {
+        "planner": 1,
+        "executor": 2,
+        "review/critic": 1,
+    }
+    assert set(trajectory.histories(by="role")) == {"planner", "worker", "review/critic"}
+    # split_by="node": no conversation mixes two nodes (the main one is the last node's)
+    assert len(trajectory.additional_histories) == 3
+    for history in trajectory.additional_histories:
+        assert len({c.source.node_path for c in history.llm_calls}) == 1
+    again = art.Trajectory.from_json(trajectory.to_json())
+    assert [c.source for c in again.llm_calls] == sources
+
+
+@aio
+async def test_create_agent_calls_come_from_its_model_node_and_art_role_marks_them() -> None:
+    from langchain.agents import create_agent
+
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        return f"{city}: sunny"
+
+    script = [
+        Reply(tool_calls=[{"name": "lookup", "arguments": {"city": "Oslo"}, "id": "c1"}]),
+        Reply(content="Sunny."),
+    ]
+    with ScriptedServer(script) as server:
+        llm = ChatOpenAI(model="m", base_url=server.base_url, api_key="x", max_retries=0)
+        agent = create_agent(llm, tools=[lookup])
+
+        @wrap_rollout(art_model(server))
+        async def rollout() -> float:
+            with art.role("solver"):
+                await agent.ainvoke({"messages": [{"role": "user", "content": "Weather in Oslo?"}]})
+            return 1.0
+
+        trajectory = await rollout()
+    assert [(c.source.node, c.source.role, c.source.framework) for c in trajectory.llm_calls] == [
+        ("model", "solver", "langgraph"),
+        ("model", "solver", "langgraph"),
+    ]
+
+
+def agents_script() -> list[Reply]:
+    return [
+        Reply(tool_calls=[{"name": "transfer_to_billing", "arguments": {}, "id": "h1"}]),
+        Reply(tool_calls=[{"name": "ask_expert", "arguments": {"input": "rate?"}, "id": "t1"}]),
+        Reply(content="The rate is 4%."),
+        Reply(content="Billing: 4%."),
+    ]
+
+
+def billing_agents(server: ScriptedServer) -> Agent[Any]:
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    model = OpenAIResponsesModel(model="m", openai_client=client)  # the SDK's default model kind
+    expert = Agent(name="expert", instructions="Answer rates.", model=model)
+    billing = Agent(
+        name="billing",
+        instructions="Handle billing.",
+        model=model,
+        tools=[expert.as_tool(tool_name="ask_expert", tool_description="Ask the rates expert.")],
+    )
+    return Agent(name="triage", instructions="Route.", model=model, handoffs=[billing])
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@aio
+async def test_agents_sdk_handoffs_and_agents_as_tools_on_the_responses_model(streamed: bool) -> None:
+    with ScriptedServer(agents_script()) as server:
+        triage = billing_agents(server)
+
+        @agents_rollout(art_model(server), request_token_ids=True, split_by="agent")
+        async def rollout() -> float:
+            if streamed:
+                result = Runner.run_streamed(triage, "What is the rate?")
+                async for _ in result.stream_events():
+                    pass
+            else:
+                result = await Runner.run(triage, "What is the rate?")
+            return float(result.final_output == "Billing: 4%.")
+
+        trajectory = await rollout()
+    calls = trajectory.llm_calls
+    assert trajectory.reward == 1.0 and len(calls) == 4
+    # the agent used as a tool runs its own (non-streamed) Runner.run inside the outer run
+    assert [(c.api, c.stream, c.error) for c in calls] == [
+        ("responses", s, None) for s in (streamed, streamed, False, streamed)
+    ]
+    assert [(c.source.agent, c.source.agent_path, c.source.handoffs) for c in calls] == [
+        ("triage", ["triage"], []),
+        ("billing", ["billing"], ["triage"]),
+        ("expert", ["billing", "expert"], []),
+        ("billing", ["billing"], ["triage"]),
+    ]
+    for (
+        call
+    ) in calls:  # vLLM's token extras captured: the scripted ids are the bytes of a canonical rendering
+        assert call.prompt_token_ids and call.completion_token_ids
+        message = call.response_message() or {}
+        if message.get("tool_calls"):
+            assert call.logprobs is None  # vLLM gives none for function calls: trained on-policy
+        else:
+            assert call.logprobs is not None and len(call.logprobs) == len(call.completion_token_ids)
+    assert calls[3].prompt_token_ids[: len(calls[1].prompt_token_ids)] == calls[1].prompt_token_ids  # type: ignore[index]
+    histories = trajectory.histories(by="agent")
+    assert {k: sum(len(h.llm_calls) for h in v) for k, v in histories.items()} == {
+        "triage": 1,
+        "billing": 2,
+        "expert": 1,
+    }
+    main = trajectory.messages()
+    assert main[-1] == {"role": "assistant", "content": "Billing: 4%."}
+    assert any(m.get("role") == "tool" and m.get("content") == "The rate is 4%." for m in main)
+
+
+@aio
+async def test_responses_capture_json_stream_and_a_cut_stream() -> None:
+    script = [Reply(content="hello"), Reply(content="streamed answer")]
+    script.append(Reply(content="never finished", cut_stream_after=3))
+    with ScriptedServer(script) as server:
+        http = httpx.AsyncClient(transport=AsyncRecordingTransport(request_token_ids=True))
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", http_client=http, max_retries=0)
+        async with art.capture() as trajectory:
+            with art.role("greeter"):
+                await client.responses.create(model="m", input="hi", instructions="Be brief.")
+            stream = await client.responses.create(model="m", input="more", stream=True)
+            async for _ in stream:
+                pass
+            with pytest.raises((httpx.HTTPError, openai.APIError)):
+                stream = await client.responses.create(model="m", input="again", stream=True)
+                async for _ in stream:
+                    pass
+        sent = server.requests
+    first, second, cut = trajectory.llm_calls
+    assert (
+        sent[0]["enable_response_messages"] is True and "message.output_text.logprobs" in sent[0]["include"]
+    )
+    assert first.source.role == "greeter" and first.source.framework == "openai"
+    assert first.request_messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert first.response_message() == {"role": "assistant", "content": "hello"}
+    assert bytes(first.completion_token_ids or []).decode() == "hello<|end|>"
+    assert (
+        second.stream and second.error is None and second.response_message()["content"] == "streamed answer"
+    )  # type: ignore[index]
+    assert bytes(second.prompt_token_ids or []).decode().endswith("more<|end|><|assistant|>")
+    assert cut.error and "incomplete" in cut.error and cut.completion_token_ids is None
+    assert trajectory.messages()[-1]["content"] in ("hello", "streamed answer")
