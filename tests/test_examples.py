@@ -191,3 +191,56 @@ def test_langgraph_sql_agent_trains_on_the_tiny_model(tmp_path: Path) -> None:
     )
     assert "step 0: reward" in out
     assert int(re.findall(r"trained_tokens (\d+)", out)[0]) > 0, out  # the step really trained
+
+
+@pytest.mark.train
+def test_planner_executor_trains_only_the_planner(tmp_path: Path) -> None:
+    """Two steps on the tiny model: every trained token is a planner token the engine sampled; the executor's
+    tokens are context (left out), and the step's trained tokens are exactly the planner's of groups that train."""
+    from art_adapters.tiny import tiny_model_path
+
+    out = run_example(
+        str(EXAMPLES / "langgraph_planner_executor" / "train.py"),
+        "--base-model",
+        str(tiny_model_path()),
+        "--steps",
+        "2",
+        "--max-tokens",
+        "24",
+        "--learning-rate",
+        "1e-4",
+        "--path",
+        str(tmp_path),
+        timeout=900,
+    )
+    steps = re.findall(
+        r"trained_tokens (\d+) \(planner\), left_out_tokens (\d+) \(executor\), "
+        r"sampled_token_fraction ([\d.]+)",
+        out,
+    )
+    assert len(steps) == 2, out
+    directory = tmp_path / "planner-executor" / "models" / "planner"
+    history = [json.loads(line) for line in (directory / "history.jsonl").read_text().splitlines()]
+    for step, (trained, left_out, fraction) in enumerate(steps):
+        assert float(fraction) == 1.0 and int(left_out) > 0
+        trajectories = read_jsonl(directory / "trajectories" / "train" / f"{step:04d}.jsonl")
+        nodes = {c.source.node for t in trajectories for c in t.llm_calls}
+        assert nodes == {"planner", "executor"}
+        executor = sum(
+            len(c.completion_token_ids or [])
+            for t in trajectories
+            for c in t.llm_calls
+            if c.source.node == "executor"
+        )
+        planner = sum(
+            len(c.completion_token_ids or [])
+            for t in trajectories
+            for c in t.llm_calls
+            if c.source.node == "planner"
+        )
+        assert int(left_out) == executor
+        assert int(trained) == planner  # per-role planner rewards always differ (length tie-break): all train
+        row = next(r for r in history if r["step"] == step)
+        assert row["trained_tokens"] == int(trained) and row["sampled_token_fraction"] == 1.0
+        assert all(t.metrics["sampled_token_fraction"] == 1.0 for t in trajectories if t.rewards_by_role)
+    assert sum(int(t) for t, _, _ in steps) > 0
