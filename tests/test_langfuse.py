@@ -351,3 +351,90 @@ def test_integration_roundtrip_script_against_the_fake_server(receiver, capsys):
     assert module.main(argv) == 0, capsys.readouterr()
     assert "ok: 4 observations" in capsys.readouterr().out
     assert any(q[0] == "GET" and "/api/public/traces/" in q[1] for q in receiver.requests)
+
+
+def sourced_call(t0: float, k: int, source: dict[str, Any], answer: dict[str, Any]) -> LLMCall:
+    return LLMCall(
+        request={"model": "agent-1", "messages": [{"role": "user", "content": f"q{k}"}]},
+        response={"choices": [{"index": 0, "finish_reason": "stop", "message": answer}]},
+        status_code=200,
+        started_at=t0 + 0.1 * k,
+        latency_s=0.05,
+        source=source,  # type: ignore[arg-type]
+    )
+
+
+def test_generations_nest_under_their_node_and_agent_observations(receiver):
+    """A LangGraph run looks like its graph (a subgraph node inside its outer node; two runs of one node apart);
+    an agent used as a tool sits inside the agent that called it; tools sit beside their generation."""
+    t0 = time.time() - 30
+    text = {"role": "assistant", "content": "ok"}
+    tool_call = {"id": "t1", "type": "function", "function": {"name": "ask_expert", "arguments": "{}"}}
+    calls = [
+        sourced_call(
+            t0, 0, {"framework": "langgraph", "node": "planner", "checkpoint_ns": "planner:a"}, text
+        ),
+        sourced_call(
+            t0, 1, {"framework": "langgraph", "node": "executor", "checkpoint_ns": "executor:b"}, text
+        ),
+        sourced_call(
+            t0, 2, {"framework": "langgraph", "node": "executor", "checkpoint_ns": "executor:c"}, text
+        ),
+        sourced_call(
+            t0,
+            3,
+            {"framework": "langgraph", "node": "critic", "checkpoint_ns": "review:d", "parent_run_id": "r1"},
+            text,
+        ),
+        sourced_call(
+            t0,
+            4,
+            {"framework": "openai_agents", "agent": "billing", "agent_path": ["billing"], "role": "biller"},
+            {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+        ),
+        sourced_call(
+            t0,
+            5,
+            {"framework": "openai_agents", "agent": "expert", "agent_path": ["billing", "expert"]},
+            text,
+        ),
+    ]
+    trajectory = Trajectory(llm_calls=calls, reward=1.0, start_time=t0, end_time=t0 + 1)
+    trajectory.messages_and_choices = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+        {"role": "tool", "tool_call_id": "t1", "content": "4%"},
+    ]
+    exporter = LangfuseExporter(key(), "sk", receiver.base_url)
+    (trace_id,) = exporter.export([trajectory])
+    assert exporter.flush(10)
+    exporter.close()
+    spans = receiver.traces()[trace_id]
+    by_id = {s["span_id"]: s for s in spans}
+
+    def parent_name(span: dict[str, Any]) -> str:
+        return by_id[span["parent_span_id"]]["name"]
+
+    chains = receiver.observations(trace_id, "chain")
+    assert sorted(s["name"] for s in chains) == ["critic", "executor", "executor", "planner", "review"]
+    gens = sorted(receiver.observations(trace_id, "generation"), key=lambda s: s["start_ns"])
+    assert [parent_name(g) for g in gens] == [
+        "planner",
+        "executor",
+        "executor",
+        "critic",
+        "billing",
+        "expert",
+    ]
+    assert len({g["parent_span_id"] for g in gens[1:3]}) == 2  # two runs of one node, two observations
+    (critic,) = [s for s in chains if s["name"] == "critic"]
+    assert parent_name(critic) == "review"
+    agents = {s["name"]: s for s in receiver.observations(trace_id, "agent")}
+    assert parent_name(agents["expert"]) == "billing" and parent_name(agents["billing"]) == "agent"
+    assert json.loads(gens[4]["attributes"]["langfuse.observation.metadata.role"]) == "biller"
+    assert attr_json(gens[3], "langfuse.observation.metadata.source")["checkpoint_ns"] == "review:d"
+    (tool,) = receiver.observations(trace_id, "tool")
+    assert parent_name(tool) == "billing"
+    for box in chains + [agents["billing"], agents["expert"]]:
+        inner = [s for s in spans if s["parent_span_id"] == box["span_id"]]
+        assert inner and all(box["start_ns"] <= s["start_ns"] and s["end_ns"] <= box["end_ns"] for s in inner)

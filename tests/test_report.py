@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from art_adapters import role
 from art_adapters.capture import RecordingTransport, capture
 from art_adapters.report import call_tokens, read_history, report_command, write_report
 from art_adapters.testing import Reply, ScriptedServer
@@ -41,13 +42,15 @@ def captured_rollout(server_url: str, city: str, reward: float) -> Trajectory:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     messages: list[dict] = [{"role": "user", "content": f"What is the capital of {city}?"}]
     with capture() as trajectory:
-        first = client.chat.completions.create(model="agent", messages=messages, tools=tools)
+        with role("searcher"):
+            first = client.chat.completions.create(model="agent", messages=messages, tools=tools)
         call = first.choices[0].message.tool_calls[0]
         messages += [
             first.choices[0].message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": f"{city} City"},
         ]
-        client.chat.completions.create(model="agent", messages=messages, tools=tools)
+        with role("answerer"):
+            client.chat.completions.create(model="agent", messages=messages, tools=tools)
     trajectory.reward = reward
     trajectory.metrics = {"correct": reward > 0.5}
     return trajectory
@@ -181,9 +184,23 @@ def test_report_renders_in_headless_chromium(model_dir, tmp_path):
     assert parsed.rendered, "the trajectory browser script did not run"
     text = "".join(parsed.viewer_text)
     assert "What is the capital of Zanzibar?" in text and "lookup" in text and "Zanzibar City" in text
+    assert "role searcher · 1 call(s)" in text and "role answerer · 1 call(s)" in text  # calls grouped
     assert parsed.buttons == 2  # two trajectories at the last train step
     assert parsed.shaded > 5  # sampled tokens shaded by logprob
     shot = tmp_path / "report.png"
     result = chromium("--hide-scrollbars", "--window-size=1280,1500", f"--screenshot={shot}", out.as_uri())
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_where_labels_name_node_agent_and_role() -> None:
+    from art_adapters.report import where_label
+    from art_adapters.sources import CallSource
+
+    assert where_label(CallSource(node="critic", checkpoint_ns="review:1")) == "node review/critic"
+    agent = CallSource(agent="billing", agent_path=["billing"], handoffs=["triage"], role="biller")
+    assert where_label(agent) == "agent billing (after triage) · role biller"
+    assert (
+        where_label(CallSource(agent="expert", agent_path=["billing", "expert"])) == "agent billing > expert"
+    )
+    assert where_label(CallSource()) == ""

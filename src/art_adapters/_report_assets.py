@@ -21,6 +21,7 @@ th { position: sticky; top: 0; background: #fff; } .scroll { max-height: 320px; 
 .msg .role { font-weight: 600; font-size: 12px; text-transform: uppercase; color: #5b6573; display: block; }
 .msg.system { border-color: #a0a7b4; } .msg.user { border-color: #3b82f6; } .msg.assistant { border-color: #16a34a; }
 .msg.tool { border-color: #d97706; background: #fffbeb; }
+h3.where { margin: 14px 0 4px; color: #1d4ed8; }
 .toolcall { font-family: ui-monospace, monospace; font-size: 12px; background: #f3f4f6; padding: 2px 6px; margin-top: 4px; display: block; }
 .tokens { font-family: ui-monospace, monospace; font-size: 12px; white-space: pre-wrap; line-height: 1.9; }
 .tok { border-radius: 2px; padding: 1px 0; }
@@ -69,14 +70,20 @@ SCRIPT = r"""
       (m.tool_calls || []).forEach(c => box.appendChild(el('span', 'toolcall', '\u2192 ' + c.name + '(' + c.arguments + ')')));
       viewer.appendChild(box);
     });
-    t.calls.forEach((c, j) => {
-      if (!c.tokens.length) return;
-      viewer.appendChild(el('h3', null, 'call ' + j + ': sampled tokens (' + c.model + ', ' + c.tokens.length + ' tokens)'));
-      const div = el('div', 'tokens');
-      c.tokens.forEach(([piece, lp, id]) => { const s = el('span', 'tok', piece); s.style.background = shade(lp);
-        s.title = 'id ' + id + (lp === null ? '' : '  logprob ' + lp.toFixed(4) + '  p ' + Math.exp(lp).toFixed(3));
-        div.appendChild(s); });
-      viewer.appendChild(div);
+    const order = [], byWhere = {};  // calls grouped by where they came from (graph node, agent, role)
+    t.calls.forEach((c, j) => { const w = c.where || '';
+      if (!(w in byWhere)) { byWhere[w] = []; order.push(w); } byWhere[w].push([c, j]); });
+    order.forEach(w => {
+      if (w) viewer.appendChild(el('h3', 'where', w + ' \u00b7 ' + byWhere[w].length + ' call(s)'));
+      byWhere[w].forEach(([c, j]) => {
+        if (!c.tokens.length) return;
+        viewer.appendChild(el('h4', null, 'call ' + j + ': sampled tokens (' + c.model + ', ' + c.tokens.length + ' tokens)'));
+        const div = el('div', 'tokens');
+        c.tokens.forEach(([piece, lp, id]) => { const s = el('span', 'tok', piece); s.style.background = shade(lp);
+          s.title = 'id ' + id + (lp === null ? '' : '  logprob ' + lp.toFixed(4) + '  p ' + Math.exp(lp).toFixed(3));
+          div.appendChild(s); });
+        viewer.appendChild(div);
+      });
     });
     (t.logs || []).forEach(l => viewer.appendChild(el('div', 'legend', 'log: ' + l)));
     viewer.dataset.rendered = '1';

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._report_assets import CSS, SCRIPT
+from .sources import CallSource
 from .trajectories import LLMCall, Trajectory
 
 MAIN_CURVES = (("reward_mean", "reward"), ("loss", "loss"), ("kl", "KL"))
@@ -172,6 +173,21 @@ def _text(content: Any) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + " …"
 
 
+def where_label(source: CallSource) -> str:
+    """Where a call came from, as the trajectory browser groups calls: its node, else its agent, else its role."""
+    if source.node_path is not None:
+        label = f"node {source.node_path}"
+    elif source.agent is not None:
+        label = "agent " + " > ".join(source.agent_path or [source.agent])
+        if source.handoffs:
+            label += f" (after {' > '.join(source.handoffs)})"
+    else:
+        label = ""
+    if source.role:
+        label = f"{label} · role {source.role}" if label else f"role {source.role}"
+    return label
+
+
 def trajectory_view(t: Trajectory) -> dict[str, Any]:
     messages = []
     for m in t.messages():
@@ -191,7 +207,13 @@ def trajectory_view(t: Trajectory) -> dict[str, Any]:
             }
         )
     calls = [
-        {"model": c.model, "tokens": call_tokens(c), "latency_s": c.latency_s, "error": c.error}
+        {
+            "model": c.model,
+            "tokens": call_tokens(c),
+            "latency_s": c.latency_s,
+            "error": c.error,
+            "where": where_label(c.source),
+        }
         for c in t.llm_calls
     ]
     return {

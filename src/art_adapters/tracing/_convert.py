@@ -43,6 +43,8 @@ class Obs:
     level: str | None = None
     status_message: str | None = None
     call: LLMCall | None = None
+    key: str | None = None  # a container's id (a graph node run, an agent's turn), children point to it
+    parent: str | None = None  # the container this observation sits under (None: the trajectory's root)
 
 
 @dataclass
@@ -143,6 +145,11 @@ def generation_obs(call: LLMCall, index: int, step: int | None, history: int | N
         metadata["tools"] = [(t.get("function") or {}).get("name") for t in call.request["tools"]]
     if history is not None:
         metadata["history"] = history
+    source = call.source.model_dump(exclude_defaults=True)
+    if source:
+        metadata["source"] = source
+    if call.source.role:
+        metadata["role"] = call.source.role
     return Obs(
         kind="generation",
         name="chat" if history is None else f"chat/history-{history}",
@@ -169,6 +176,50 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
+def container_path(call: LLMCall) -> list[tuple[str, str, str]]:
+    """(kind, name, key) of the observations a call nests under, outermost first: a LangGraph node run (and the
+    subgraph nodes around it), or the Agents SDK agents it runs under (an agent used as a tool inside its caller).
+    Keys tell runs apart: checkpoint namespaces for nodes; for agents the agent path (an agent's turns share one)."""
+    source = call.source
+    if source.node is not None:
+        parts = [p for p in (source.checkpoint_ns or "").split("|") if p]
+        out = [("chain", p.split(":", 1)[0], "node:" + "|".join(parts[: i + 1])) for i, p in enumerate(parts)]
+        if not out or out[-1][1] != source.node:  # a subgraph's node: its own run inside the outer node
+            inner = source.parent_run_id or source.run_id or source.node
+            out.append(("chain", source.node, f"node:{source.checkpoint_ns}|{source.node}:{inner}"))
+        return out
+    if source.agent_path:
+        return [
+            ("agent", name, "agent:" + ">".join(source.agent_path[: i + 1]))
+            for i, name in enumerate(source.agent_path)
+        ]
+    return []
+
+
+def containers_of(children: list[Obs]) -> list[Obs]:
+    """The node / agent observations the generations nest under (their parents set), spanning their children."""
+    found: dict[str, Obs] = {}
+    for obs in children:
+        if obs.call is None:
+            continue
+        parent: str | None = None
+        for kind, name, key in container_path(obs.call):
+            box = found.get(key)
+            if box is None:
+                box = found[key] = Obs(
+                    kind=kind, name=name, start_ns=obs.start_ns, end_ns=obs.end_ns, key=key
+                )
+                box.parent = parent
+                box.metadata = {"framework": obs.call.source.framework, "calls": 0}
+            box.start_ns, box.end_ns = min(box.start_ns, obs.start_ns), max(box.end_ns, obs.end_ns)
+            box.metadata["calls"] += 1
+            parent = key
+        obs.parent = parent
+    for box in found.values():
+        box.metadata["calls_below"] = box.metadata.pop("calls")
+    return list(found.values())
+
+
 def tool_obs(messages: list[Message], calls: list[LLMCall], start: float, end: float) -> list[Obs]:
     """One tool observation per assistant tool call, with its result matched by tool_call_id.
 
@@ -177,11 +228,13 @@ def tool_obs(messages: list[Message], calls: list[LLMCall], start: float, end: f
     """
     results = {m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"}
     emitted: dict[str, float] = {}
+    emitter: dict[str, LLMCall] = {}
     consumed: dict[str, float] = {}
     for call in calls:
         answer = call.response_message() or {}
         for tc in answer.get("tool_calls") or []:
             emitted.setdefault(tc.get("id"), call.ended_at)
+            emitter.setdefault(tc.get("id"), call)
         for m in call.request_messages():
             if m.get("role") == "tool":
                 consumed.setdefault(m.get("tool_call_id"), call.started_at)
@@ -206,6 +259,7 @@ def tool_obs(messages: list[Message], calls: list[LLMCall], start: float, end: f
                     metadata={"tool_call_id": call_id, "answered": result is not None},
                     level=None if result is not None else "WARNING",
                     status_message=None if result is not None else "no tool result in the conversation",
+                    call=emitter.get(call_id),
                 )
             )
     return out
@@ -243,9 +297,20 @@ def plan_trace(
         children += [generation_obs(c, i, step, history=h) for i, c in enumerate(history.llm_calls)]
     start = min([trajectory.start_time] + [c.started_at for c in calls])
     end = max([trajectory.end_time or trajectory.start_time] + [c.ended_at for c in calls])
-    children += tool_obs(messages, calls, start, end)
+    tools = tool_obs(messages, calls, start, end)
     for history in trajectory.additional_histories:
-        children += tool_obs(history.messages(), history.llm_calls, start, end)
+        tools += tool_obs(history.messages(), history.llm_calls, start, end)
+    containers = containers_of(children)  # generations nest under their node / agent observation
+    boxes = {box.key: box for box in containers}
+    for tool in tools:
+        path = container_path(tool.call) if tool.call is not None else []
+        tool.parent = path[-1][2] if path else None
+        tool.call = None  # the call belongs to its generation (dedupe matches generations only)
+        box = boxes.get(tool.parent)
+        while box is not None:  # the tool ran inside its agent / node: that observation spans it
+            box.start_ns, box.end_ns = min(box.start_ns, tool.start_ns), max(box.end_ns, tool.end_ns)
+            box = boxes.get(box.parent)
+    children = containers + children + tools
     where = {
         "step": step,
         "split": split,

@@ -230,6 +230,7 @@ class LangfuseExporter:
     def _emit(self, plan: TracePlan) -> None:
         from langfuse import (
             LangfuseAgent,
+            LangfuseChain,
             LangfuseGeneration,
             LangfuseSpan,
             LangfuseTool,
@@ -237,7 +238,12 @@ class LangfuseExporter:
         )
         from opentelemetry import trace as otel
 
-        classes = {"agent": LangfuseAgent, "generation": LangfuseGeneration, "tool": LangfuseTool}
+        classes = {
+            "agent": LangfuseAgent,
+            "chain": LangfuseChain,
+            "generation": LangfuseGeneration,
+            "tool": LangfuseTool,
+        }
         children = self._dedupe(plan)
         # the SDK's own tracer, so our spans go through its processor, exporter, masking and sampling
         tracer = self._client._otel_tracer
@@ -262,12 +268,21 @@ class LangfuseExporter:
                 attributes={"langfuse.internal.as_root": True, OURS: True},
             )
             root = self._wrap(LangfuseAgent, root_span, plan.root)
-            context = otel.set_span_in_context(root_span)
-            for obs in children:
+            contexts = {None: otel.set_span_in_context(root_span)}
+            opened: list[tuple[Any, Obs]] = []
+            for obs in children:  # containers come first, each after its own parent
+                context = contexts.get(obs.parent, contexts[None])
                 span = tracer.start_span(
                     obs.name, context=context, start_time=obs.start_ns, attributes={OURS: True}
                 )
-                self._wrap(classes.get(obs.kind, LangfuseSpan), span, obs).end(end_time=obs.end_ns)
+                wrapped = self._wrap(classes.get(obs.kind, LangfuseSpan), span, obs)
+                if obs.key is not None:
+                    contexts[obs.key] = otel.set_span_in_context(span)
+                    opened.append((wrapped, obs))
+                else:
+                    wrapped.end(end_time=obs.end_ns)
+            for wrapped, obs in reversed(opened):
+                wrapped.end(end_time=obs.end_ns)
             root.end(end_time=plan.root.end_ns)
         for name, value, data_type in plan.scores:
             self._client.create_score(name=name, value=value, trace_id=plan.trace_id, data_type=data_type)
