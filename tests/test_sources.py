@@ -243,3 +243,29 @@ async def test_responses_capture_json_stream_and_a_cut_stream() -> None:
     assert bytes(second.prompt_token_ids or []).decode().endswith("more<|end|><|assistant|>")
     assert cut.error and "incomplete" in cut.error and cut.completion_token_ids is None
     assert trajectory.messages()[-1]["content"] in ("hello", "streamed answer")
+
+
+@aio
+async def test_agents_sdk_span_ids_become_run_ids_when_tracing_is_on() -> None:
+    from agents import set_trace_processors
+
+    set_trace_processors([])  # real spans, exported nowhere
+    set_tracing_disabled(False)
+    try:
+        with ScriptedServer(agents_script()) as server:
+            triage = billing_agents(server)
+
+            @agents_rollout(art_model(server))
+            async def rollout() -> float:
+                await Runner.run(triage, "What is the rate?")
+                return 1.0
+
+            trajectory = await rollout()
+    finally:
+        set_tracing_disabled(True)
+    sources = [c.source for c in trajectory.llm_calls]
+    assert [s.agent for s in sources] == ["triage", "billing", "expert", "billing"]
+    assert all(s.run_id and s.run_id.startswith("span_") for s in sources)
+    assert all(s.parent_run_id and s.parent_run_id.startswith("span_") for s in sources)
+    assert len({s.run_id for s in sources}) == 4 and sources[1].parent_run_id == sources[3].parent_run_id
+    assert sources[2].parent_run_id != sources[1].parent_run_id  # the expert's own agent span
