@@ -40,6 +40,8 @@ class ScriptedServer:
     last user message. A spent script answers HTTP 500. `.requests` holds every POSTed JSON body in arrival order.
     With `return_token_ids` the answer carries vLLM's `prompt_token_ids` / `choices[i].token_ids` (the utf-8 bytes of
     a canonical rendering; see `replies.prompt_text`), with `logprobs` deterministic negative logprobs.
+    `/v1/responses` (JSON and streamed events) answers the same script as the Responses API, with vLLM's
+    `input_messages` / `output_messages` token extras when asked (`testing/responses.py`).
     """
 
     def __init__(
