@@ -75,6 +75,8 @@ def _source_handler() -> Any:
 
     class SourceHandler(BaseCallbackHandler):
         run_inline = True  # called in the task that makes the request, so the context variable reaches it
+        # only model runs matter: every other event is skipped at the dispatcher's first check
+        ignore_chain = ignore_agent = ignore_retriever = ignore_retry = ignore_custom_event = True
 
         def on_chat_model_start(
             self,
