@@ -141,3 +141,30 @@ def test_loads_and_runs_in_transformers(two_builds: tuple[Path, Path]) -> None:
     assert logits.shape == (1, ids.shape[1], len(tok)) and torch.isfinite(logits).all()
     out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] >= ids.shape[1] + 1
+
+
+def test_cli_without_a_folder_prints_the_shared_model() -> None:
+    """`--base-model "$(art-adapters tiny-model)"` (as the examples' docstrings show): stdout is the path alone."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "art_adapters.cli", "tiny-model"], capture_output=True, text=True, check=True
+    )
+    assert result.stdout == f"{tiny_model_path()}\n"
+    assert result.stderr == ""
+
+
+def test_cli_refuses_a_folder_that_is_not_a_tiny_model(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "notes.txt").write_text("mine")
+    result = subprocess.run(
+        [sys.executable, "-m", "art_adapters.cli", "tiny-model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "is not empty and is not a tiny model" in result.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"

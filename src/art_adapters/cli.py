@@ -43,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--out", default=None, help="output HTML file (default: MODEL_DIR/report.html)")
 
     tiny = commands.add_parser("tiny-model", help="build an offline tiny Qwen model and its tokenizer")
-    tiny.add_argument("out_dir")
+    tiny.add_argument(
+        "out_dir",
+        nargs="?",
+        default=None,
+        help="where to build it (default: the shared cache, built once; the path is printed either way)",
+    )
     tiny.add_argument(
         "--family",
         choices=FAMILIES,

@@ -310,9 +310,9 @@ def weights_digest(model_dir: str | Path) -> str:
     return h.hexdigest()
 
 
-def tiny_model_command(out_dir: str, family: str = "byte") -> None:
-    """CLI entry: ``art-adapters tiny-model OUT_DIR [--family F]`` (rebuilds a previous tiny model, never other
-    folders)."""
+def tiny_model_command(out_dir: str | None, family: str = "byte") -> None:
+    """CLI entry: ``art-adapters tiny-model [OUT_DIR] [--family F]`` prints the model's path. Without OUT_DIR: the
+    shared cache (built once). With it: builds there (rebuilds a previous tiny model, never other folders)."""
     import logging
 
     for noisy in (
@@ -320,6 +320,9 @@ def tiny_model_command(out_dir: str, family: str = "byte") -> None:
         "torch.utils._pytree",
     ):  # import-time notes of optional kernels, not for this user
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    if out_dir is None:
+        print(tiny_model_path(family))
+        return
     out = Path(out_dir).expanduser()
     previous = (out / "art_tiny_model.json").exists()
     if out.exists() and any(out.iterdir()) and not previous:
