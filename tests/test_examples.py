@@ -19,11 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
-def run_example(*args: str, timeout: float = 180) -> str:
+def run_example(*args: str, timeout: float = 180, quiet: bool = False) -> str:
+    """Run an example; `quiet`: its stderr must be empty (no library notes, no progress bar redrawn into a log)."""
     done = subprocess.run(
         [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    if quiet:
+        assert done.stderr == "", done.stderr
     return done.stdout
 
 
@@ -161,6 +164,7 @@ def test_quickstart_trains_on_the_tiny_model(tmp_path: Path) -> None:
         "--path",
         str(tmp_path),
         timeout=900,
+        quiet=True,
     )
     assert re.findall(r"step (\d+): reward", out) == ["0", "1"]
     assert max(int(n) for n in re.findall(r"trained_tokens (\d+)", out)) > 0, out  # a step really trained
@@ -188,6 +192,7 @@ def test_langgraph_sql_agent_trains_on_the_tiny_model(tmp_path: Path) -> None:
         "--db",
         str(tmp_path / "shop.sqlite"),
         timeout=900,
+        quiet=True,
     )
     assert "step 0: reward" in out
     assert int(re.findall(r"trained_tokens (\d+)", out)[0]) > 0, out  # the step really trained
@@ -212,6 +217,7 @@ def test_planner_executor_trains_only_the_planner(tmp_path: Path) -> None:
         "--path",
         str(tmp_path),
         timeout=900,
+        quiet=True,
     )
     steps = re.findall(
         r"trained_tokens (\d+) \(planner\), left_out_tokens (\d+) \(executor\), "

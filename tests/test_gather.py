@@ -128,7 +128,10 @@ async def test_max_concurrent_bounds_running_rollouts() -> None:
     assert peak == 24
 
 
-async def test_progress_bar_shows_reward_and_exceptions(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_progress_bar_shows_reward_and_exceptions(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("art_adapters.progress.live_display", lambda: True)  # as in a terminal
     groups = [TrajectoryGroup([rollout(1.0), rollout(0.0), rollout(2, fail=True)])]
     await gather_trajectory_groups(groups, max_exceptions=1, pbar_desc="rollouts")
     err = capsys.readouterr().err
@@ -150,3 +153,53 @@ async def test_awaitable_groups_and_gather_trajectories() -> None:
     assert isinstance(trajectories[2], RuntimeError)
     with pytest.raises(RuntimeError):
         await art.gather_trajectories([rollout(0, fail=True)], pbar_desc=None)
+
+
+PROGRESS_SCRIPT = """
+import asyncio
+import art_adapters as art
+from art_adapters.trajectories import Trajectory, TrajectoryGroup
+
+async def rollout(r):
+    return Trajectory(reward=r)
+
+asyncio.run(art.gather_trajectory_groups([TrajectoryGroup(rollout(i) for i in range(3))], pbar_desc="gather"))
+print("done")
+"""
+
+
+def test_progress_bar_is_live_in_a_terminal_and_absent_from_logs() -> None:
+    """A terminal (a real pseudo-terminal) sees the bar; a log (a pipe) gets no redrawn bar lines."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    logged = subprocess.run(
+        [sys.executable, "-c", PROGRESS_SCRIPT], capture_output=True, text=True, check=True
+    )
+    assert logged.stdout == "done\n"
+    assert logged.stderr == ""
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # rows, columns
+    with subprocess.Popen(
+        [sys.executable, "-c", PROGRESS_SCRIPT], stdout=subprocess.PIPE, stderr=terminal, text=True
+    ) as process:
+        os.close(terminal)
+        out, _ = process.communicate(timeout=120)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the terminal's other side closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+    os.close(controller)
+    assert out == "done\n"
+    assert b"gather: 100%" in shown and b"3/3" in shown, shown

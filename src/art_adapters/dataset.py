@@ -43,9 +43,9 @@ def iterate_dataset(
     steps_per_epoch = math.ceil(len(items) / groups_per_step)
     bar = None
     if use_tqdm:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        bar = tqdm(initial=initial_step, total=steps_per_epoch * num_epochs, desc="dataset", unit="step")
+        bar = progress_bar(steps_per_epoch * num_epochs, "dataset", "step", initial=initial_step)
     try:
         for epoch in range(num_epochs):
             order = list(range(len(items)))

@@ -38,9 +38,9 @@ class _Gather:
         self.semaphore = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self.pbar: Any = None
         if pbar_desc is not None:
-            from tqdm.auto import tqdm
+            from .progress import progress_bar
 
-            self.pbar = tqdm(total=total, desc=pbar_desc, unit="rollout", dynamic_ncols=True)
+            self.pbar = progress_bar(total, pbar_desc, "rollout")
 
     @property
     def allowed(self) -> float:

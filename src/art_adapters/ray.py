@@ -165,6 +165,6 @@ async def gather_on_ray(
 def _progress(desc: str | None, total: int) -> Any:
     if desc is None:
         return None
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
-    return tqdm(total=total, desc=desc, unit="rollout", dynamic_ncols=True)
+    return progress_bar(total, desc, "rollout")

@@ -6,14 +6,21 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+# Import-time notes of optional kernels a LoRA step never uses: bitsandbytes' 4-bit CPU kernels (imported by
+# PEFT), torchao's CUDA extensions that fail to load on CPU, torch's deprecation of torchao's enum registration.
+_IMPORT_NOTES = ("bitsandbytes", "torchao", "torch.utils._pytree")
+
 
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
-    """No transformers progress bars ("Loading weights", "Writing model shards") inside, restored after; and no
-    note about optional 4-bit CPU kernels (bitsandbytes, imported by PEFT) a LoRA run never uses."""
+    """No transformers progress bars ("Loading weights", "Writing model shards") and no import-time kernel notes
+    inside; every level restored after."""
     from transformers.utils import logging as hf_logging
 
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in _IMPORT_NOTES]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -21,3 +28,5 @@ def quiet_loading() -> Iterator[None]:
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
