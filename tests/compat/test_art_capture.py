@@ -126,3 +126,43 @@ async def test_nothing_is_recorded_outside_a_scope(server: ScriptedServer) -> No
         await client.chat.completions.create(model="m", messages=[USER])
     await client.chat.completions.create(model="m", messages=[USER])
     assert len(inside.llm_calls) == 1 and len(server.requests) == 2
+
+
+async def test_art_main_scope_records_the_responses_api() -> None:
+    """ART main records `client.responses.create`: so do we, in the same scope, JSON and streamed, with a plain
+    client the rollout builds itself."""
+    with ScriptedServer([Reply(content="first answer"), Reply(content="second answer")]) as server:
+
+        async def rollout() -> None:
+            client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+            first = await client.responses.create(model="m", input="Hi!", instructions="Be brief.")
+            stream = await client.responses.create(
+                model="m",
+                input=[
+                    {"role": "user", "content": "Hi!"},
+                    {"role": "assistant", "content": first.output_text},
+                    {"role": "user", "content": "More?"},
+                ],
+                instructions="Be brief.",
+                stream=True,
+            )
+            async for _ in stream:
+                pass
+
+        trajectory = await art.trajectory(rollout())
+    first, second = trajectory.llm_calls
+    assert (first.api, first.stream, second.api, second.stream) == ("responses", False, "responses", True)
+    assert first.response_message() == {"role": "assistant", "content": "first answer"}
+    assert second.error is None and second.response_message() == {
+        "role": "assistant",
+        "content": "second answer",
+    }
+    main = trajectory.messages()
+    assert main == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "More?"},
+        {"role": "assistant", "content": "second answer"},
+    ]
+    assert trajectory.additional_histories == []
