@@ -209,6 +209,38 @@ async def test_agents_sdk_handoffs_and_agents_as_tools_on_the_responses_model(st
 
 
 @aio
+async def test_two_runs_in_one_rollout_have_their_own_handoff_chains() -> None:
+    """Each `Runner.run` is its own trace (a fresh no-op trace with tracing disabled): the second run's handoff
+    chain starts again; runs under one user `trace(...)` continue one chain."""
+    from agents import trace
+
+    with ScriptedServer(agents_script() * 4) as server:
+        triage = billing_agents(server)
+
+        @agents_rollout(art_model(server))
+        async def rollout() -> float:
+            await Runner.run(triage, "What is the rate?")
+            await Runner.run(triage, "And now?")
+            with trace("one conversation"):
+                await Runner.run(triage, "Rate?")
+                await Runner.run(triage, "Again?")
+            return 1.0
+
+        trajectory = await rollout()
+    sources = [c.source for c in trajectory.llm_calls]
+    assert len(sources) == 16 and all(s.trace_id for s in sources)
+    one_run = [[], ["triage"], [], ["triage"]]
+    assert [s.handoffs for s in sources[:8]] == one_run * 2
+    assert len({s.trace_id for s in sources[:4]}) == 1 and sources[0].trace_id != sources[4].trace_id
+    assert len({s.trace_id for s in sources[8:]}) == 1  # the user's trace holds both runs
+    assert [s.handoffs for s in sources[8:12]] == one_run
+    assert sources[12].handoffs == [
+        "triage",
+        "billing",
+    ]  # one conversation: its first run went triage, billing
+
+
+@aio
 async def test_responses_capture_json_stream_and_a_cut_stream() -> None:
     script = [Reply(content="hello"), Reply(content="streamed answer")]
     script.append(Reply(content="never finished", cut_stream_after=3))

@@ -25,8 +25,9 @@ class CallSource(BaseModel):
     node that made the call, `checkpoint_ns` its checkpoint namespace (`"outer:<task>|inner:<task>"` inside a
     subgraph), so `node_path` ("outer/inner") tells subgraph calls apart. `agent`: the Agents SDK agent;
     `agent_path` the agents it runs under (agents used as tools), outermost first, ending with `agent`;
-    `handoffs` the agents that held the same run before it. `run_id` / `parent_run_id`: the framework's ids of
-    the call and of the step that made it. `role`: set by the user (`art.role("planner")` or LangChain metadata
+    `handoffs` the agents that held the same run before it. `trace_id`: the Agents SDK trace the call ran in
+    (one `Runner.run`, or the user's `trace(...)` around several; a local id when tracing is disabled).
+    `run_id` / `parent_run_id`: the framework's ids of the call and of the step that made it. `role`: set by the user (`art.role("planner")` or LangChain metadata
     `{"role": "planner"}`). `tags`: LangChain tags.
     """
 
@@ -36,6 +37,7 @@ class CallSource(BaseModel):
     agent: str | None = None
     agent_path: list[str] = Field(default_factory=list)
     handoffs: list[str] = Field(default_factory=list)
+    trace_id: str | None = None
     run_id: str | None = None
     parent_run_id: str | None = None
     role: str | None = None

@@ -13,15 +13,17 @@ Only modules the process already imported are consulted: an agent that does not 
 from __future__ import annotations
 
 import sys
+import weakref
 from contextvars import ContextVar
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from ..sources import CallSource, current_role
 
 _PENDING: ContextVar[CallSource | None] = ContextVar("art_adapters_chat_model_run", default=None)
 _HANDLER: ContextVar[Any] = ContextVar("art_adapters_langchain_handler", default=None)
 _registered = False
+_LOCAL_TRACE_IDS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def source_of_context() -> CallSource:
@@ -154,6 +156,7 @@ def _agents_source() -> CallSource | None:
         return None
     from agents.tracing.scope import Scope
 
+    trace_id = _trace_id(Scope.get_current_trace())
     span = Scope.get_current_span()
     if span is None:
         return None
@@ -178,6 +181,7 @@ def _agents_source() -> CallSource | None:
         framework="openai_agents",
         agent=agents[-1],
         agent_path=agents,
+        trace_id=trace_id,
         run_id=model_span_id,
         parent_run_id=agent_span_id,
     )
@@ -197,20 +201,36 @@ def _span_chain(span: Any) -> list[Any]:
     return chain
 
 
+def _trace_id(trace: Any) -> str | None:
+    """The trace's id; with tracing disabled (every run's trace is a fresh no-op object, id "no-op") a local id
+    kept for as long as that object lives, so two runs are still told apart."""
+    if trace is None:
+        return None
+    real = getattr(trace, "trace_id", None)
+    if real and real != "no-op":
+        return str(real)
+    try:
+        return _LOCAL_TRACE_IDS.setdefault(trace, f"local_{uuid4().hex}")
+    except TypeError:  # an object that cannot be weakly referenced
+        return None
+
+
 def _real_id(span: Any) -> str | None:
     value = getattr(span, "span_id", None)
     return str(value) if value and value != "no-op" else None
 
 
 def with_handoffs(source: CallSource, earlier: list[CallSource]) -> CallSource:
-    """An Agents SDK call's source with `handoffs`: the agents that held the same run (same enclosing agents)
-    before its agent, in order, from the calls captured earlier in the trajectory."""
+    """An Agents SDK call's source with `handoffs`: the agents that held the same run (same trace, same enclosing
+    agents) before its agent, in order, from the calls captured earlier in the trajectory."""
     if source.framework != "openai_agents" or source.agent is None:
         return source
     outer = source.agent_path[:-1]
     chain: list[str] = []
     for other in earlier:
         if other.framework != "openai_agents" or other.agent_path[:-1] != outer or other.agent is None:
+            continue
+        if other.trace_id != source.trace_id:
             continue
         if not chain or chain[-1] != other.agent:
             chain.append(other.agent)
