@@ -95,3 +95,25 @@ def test_stream_sync_and_error_reaches_langchain() -> None:
     assert "500" in str(info.value)
     assert [c.status_code for c in trajectory.llm_calls] == [200, 500]
     assert trajectory.llm_calls[1].error.startswith("HTTP 500")
+
+
+async def test_a_stream_abandoned_mid_way_does_not_lend_its_source_to_later_calls() -> None:
+    """The model run's source is pending in the task from its start to its end. A stream left after its first
+    chunk ends when the generator is closed (in another task); a plain client's call after it is not LangChain's."""
+    import asyncio
+
+    import openai
+
+    with ScriptedServer(lambda request: Reply(content="a long streamed answer")) as server:
+        llm = chat(server, streaming=True)
+        raw = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", http_client=async_http_client())
+        async with capture() as trajectory:
+            async for _ in llm.astream("hi"):
+                break
+            await asyncio.sleep(0)  # the event loop closes the abandoned generator
+            await raw.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            await llm.ainvoke("again")
+    streamed, plain, again = trajectory.llm_calls
+    assert streamed.source.framework == "langchain" and streamed.source.run_id
+    assert plain.source.framework == "openai" and plain.source.run_id is None
+    assert again.source.framework == "langchain" and again.source.run_id not in (None, streamed.source.run_id)

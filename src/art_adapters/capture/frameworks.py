@@ -24,6 +24,9 @@ _PENDING: ContextVar[CallSource | None] = ContextVar("art_adapters_chat_model_ru
 _HANDLER: ContextVar[Any] = ContextVar("art_adapters_langchain_handler", default=None)
 _registered = False
 _LOCAL_TRACE_IDS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Model runs started and not yet ended. A stream abandoned mid-way ends (LangChain reports an error when the
+# generator is closed) in whichever task closes it, so the starting task's pending source is checked here.
+_LIVE_RUNS: set[str] = set()
 
 
 def source_of_context() -> CallSource:
@@ -91,6 +94,7 @@ def _source_handler() -> Any:
             metadata: dict[str, Any] | None = None,
             **kwargs: Any,
         ) -> None:
+            _LIVE_RUNS.add(str(run_id))
             _PENDING.set(_from_metadata(metadata or {}, tags or [], run_id, parent_run_id))
 
         def on_llm_start(self, *args: Any, run_id: UUID, **kwargs: Any) -> None:
@@ -107,6 +111,7 @@ def _source_handler() -> Any:
 
 
 def _clear(run_id: UUID) -> None:
+    _LIVE_RUNS.discard(str(run_id))
     pending = _PENDING.get()
     if pending is not None and pending.run_id == str(run_id):
         _PENDING.set(None)
@@ -131,7 +136,7 @@ def _from_metadata(
 
 def _langchain_source() -> CallSource | None:
     pending = _PENDING.get()
-    if pending is not None:
+    if pending is not None and pending.run_id in _LIVE_RUNS:
         return pending
     if "langchain_core" not in sys.modules:
         return None
