@@ -89,8 +89,12 @@ def test_the_inference_key_samples_but_cannot_register_train_or_delete(
             assert refused.status_code == 403 and "only opens /v1/*" in refused.text, path
         ok = worker.post("/v1/chat/completions", json={"model": "agent-1", **CHAT})
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "echo: hi"
+        anthropic_style = worker.post("/v1/messages", json={"model": "agent-1", "max_tokens": 8, **CHAT})
+        assert (
+            anthropic_style.status_code == 200 and anthropic_style.json()["content"][0]["text"] == "echo: hi"
+        )
     assert [c[0] for c in fake.calls] == ["register"]
-    assert len(upstream.requests) == 1
+    assert len(upstream.requests) == 2
 
 
 @pytest.mark.parametrize(

@@ -81,32 +81,30 @@ class LLMCall(BaseModel):
         return self.request.get("model")
 
     @property
-    def api(self) -> Literal["chat", "responses"]:
-        """Which OpenAI API the call spoke (from its URL); the chat-format views below work for both."""
-        return "responses" if self.url.split("?", 1)[0].rstrip("/").endswith("/responses") else "chat"
+    def api(self) -> Literal["chat", "responses", "messages"]:
+        """Which API the call spoke (from its URL): OpenAI's chat (or completions), OpenAI's Responses, Anthropic's
+        Messages. The chat-format views below work for all."""
+        path = self.url.split("?", 1)[0].rstrip("/")
+        if path.endswith("/responses"):
+            return "responses"
+        return "messages" if path.endswith("/v1/messages") else "chat"
 
     def request_messages(self) -> list[Message]:
-        if self.api == "responses":
-            from .capture.responses_api import chat_messages
-
-            return chat_messages(self.request)
+        if self.api != "chat":
+            return _api_view(self.api).chat_messages(self.request)
         return list(self.request.get("messages") or [])
 
     def request_tools(self) -> Tools | None:
-        if self.api == "responses":
-            from .capture.responses_api import chat_tools
-
-            return chat_tools(self.request.get("tools"))
+        if self.api != "chat":
+            return _api_view(self.api).chat_tools(self.request.get("tools"))
         return self.request.get("tools")
 
     def choices(self) -> list[dict[str, Any]]:
-        """The answer's choices in chat-completion form (a Responses answer is one choice)."""
+        """The answer's choices in chat-completion form (a Responses or Messages answer is one choice)."""
         if not self.response:
             return []
-        if self.api == "responses":
-            from .capture.responses_api import chat_choice
-
-            choice = chat_choice(self.response)
+        if self.api != "chat":
+            choice = _api_view(self.api).chat_choice(self.response)
             return [choice] if choice is not None else []
         return [c for c in self.response.get("choices") or [] if isinstance(c, dict)]
 
@@ -249,6 +247,17 @@ class Trajectory(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> Trajectory:
         return cls.model_validate_json(text)
+
+
+def _api_view(api: str) -> Any:
+    """The module giving the chat-format view of a Responses or Messages call (imported when first needed)."""
+    if api == "responses":
+        from .capture import responses_api
+
+        return responses_api
+    from .capture import anthropic_api
+
+    return anthropic_api
 
 
 def messages_of(items: MessagesAndChoices) -> list[Message]:

@@ -42,13 +42,13 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)
-_COMPLETIONS = ("/chat/completions", "/completions", "/responses")
+_COMPLETIONS = ("/chat/completions", "/completions", "/responses", "/v1/messages")
 
 
 @dataclass(frozen=True)
 class Route:
-    """Which requests of this scope are recorded: completions and responses POSTs under one of `prefixes` (any
-    when empty)."""
+    """Which requests of this scope are recorded: completions, Responses and Anthropic Messages POSTs under one of
+    `prefixes` (any when empty)."""
 
     prefixes: tuple[str, ...] = ()
     request_token_ids: bool = False

@@ -110,11 +110,11 @@ def openai_error(status: int, message: str, kind: str = "invalid_request_error")
 
 # The inference server's routes a client may reach through the proxy; everything else (vLLM's LoRA loading,
 # sleep, collective_rpc, cache resets, `..` tricks) is refused before any upstream call.
-ALLOWED_PATHS = frozenset({"chat/completions", "completions", "responses", "models"})
+ALLOWED_PATHS = frozenset({"chat/completions", "completions", "responses", "messages", "models"})
 
 
 class InferenceProxy:
-    """Forwards `/v1/{chat/completions, completions, responses, models}` to the upstream endpoint of the model a
+    """Forwards `/v1/{chat/completions, completions, responses, messages, models}` to the upstream endpoint of the model a
     request names, when that model is one this server registered (one shared pooled client)."""
 
     def __init__(self, *, read_timeout_s: float = 600.0, max_connections: int = 2048) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from ..trajectories import LLMCall, SampledChoice, Trajectory
+from .anthropic_api import final_message
 from .frameworks import source_of_context, with_handoffs
 from .responses_api import final_response, token_fields
 from .sse import parse_events, reassemble
@@ -101,7 +102,7 @@ class Exchange:
             if body is None:
                 body, message = self._parse(message, early, bool(request.get("stream")))
             if body is not None:
-                fields = responses_fields(body) if self.kind == "responses" else body_fields(body)
+                fields = _FIELDS.get(self.kind, body_fields)(body)
         call = LLMCall(
             request=request,
             url=str(self.url),
@@ -131,11 +132,12 @@ class Exchange:
             return None, error or f"HTTP {status}: {text[:2000]}"
         if streamed or "text/event-stream" in headers.get("content-type", ""):
             events, done, stream_error = parse_events(raw)
-            if self.kind == "responses":  # no [DONE]: the stream ends with the final response event
-                response, done = final_response(events)
+            if self.kind in ("responses", "messages"):  # no [DONE]: a final event ends the stream
+                last = "response" if self.kind == "responses" else "message_stop"
+                response, done = final_response(events) if self.kind == "responses" else final_message(events)
                 if error is None and not done:
                     ended = "closed" if early else "ended"
-                    error = stream_error or f"stream {ended} before its final response event"
+                    error = stream_error or f"stream {ended} before its final {last} event"
                 return response, error or stream_error
             if error is None and not done:
                 error = stream_error or (
@@ -181,6 +183,19 @@ def body_fields(body: dict[str, Any]) -> dict[str, Any]:
 def responses_fields(body: dict[str, Any]) -> dict[str, Any]:
     """LLMCall fields of a Responses API body: the body and vLLM's token ids / output logprobs."""
     return {"response": body, **token_fields(body)}
+
+
+def messages_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """LLMCall fields of an Anthropic Messages body: the body only (no token ids on this API)."""
+    return {"response": body}
+
+
+_FIELDS = {
+    "chat": body_fields,
+    "completions": body_fields,
+    "responses": responses_fields,
+    "messages": messages_fields,
+}
 
 
 def _logprobs(value: Any) -> list[float] | None:

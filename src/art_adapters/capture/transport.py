@@ -42,6 +42,8 @@ def _kind(request: httpx.Request) -> str | None:
         return "completions"
     if path.endswith("/responses"):
         return "responses"
+    if path.endswith("/v1/messages"):  # Anthropic's Messages API (vLLM serves it too)
+        return "messages"
     return None
 
 
@@ -136,8 +138,8 @@ class _Options:
 
 
 class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
-    """Wraps a transport; records `/chat/completions`, `/responses` (and `/completions`) POSTs made inside
-    `capture()`.
+    """Wraps a transport; records `/chat/completions`, `/responses`, `/completions` and Anthropic `/v1/messages`
+    POSTs made inside `capture()`.
 
     `request_token_ids`: ask vLLM for token ids and logprobs. `annotate_choices`: copy `prompt_token_ids` into each
     choice of JSON answers (our backend only; the one case where a body is rewritten). Outside a scope and with
@@ -165,7 +167,7 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
             return self.inner.handle_request(request)
         body = request.read()
         payload = None
-        if options.request_token_ids and kind != "completions":
+        if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
@@ -230,7 +232,7 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
             return await self.inner.handle_async_request(request)
         body = await request.aread()
         payload = None
-        if options.request_token_ids and kind != "completions":
+        if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .anthropic import render_anthropic
 from .replies import Rendered, Reply, error_body, render_chat, render_completion
 from .responses import render_response
 
@@ -25,6 +26,9 @@ def _echo(request: dict[str, Any]) -> Reply:
     users = [m for m in request.get("messages") or [] if m.get("role") == "user"]
     content = users[-1].get("content") if users else request.get("prompt", "")
     return Reply(content=f"echo: {content}")
+
+
+ROUTES = ("/chat/completions", "/completions", "/responses", "/v1/messages")
 
 
 class ScriptedServer:
@@ -41,7 +45,8 @@ class ScriptedServer:
     With `return_token_ids` the answer carries vLLM's `prompt_token_ids` / `choices[i].token_ids` (the utf-8 bytes of
     a canonical rendering; see `replies.prompt_text`), with `logprobs` deterministic negative logprobs.
     `/v1/responses` (JSON and streamed events) answers the same script as the Responses API, with vLLM's
-    `input_messages` / `output_messages` token extras when asked (`testing/responses.py`).
+    `input_messages` / `output_messages` token extras when asked (`testing/responses.py`); `/v1/messages` answers
+    it as Anthropic's Messages API, as vLLM serves it (`testing/anthropic.py`).
     """
 
     def __init__(
@@ -191,7 +196,7 @@ class ScriptedServer:
         if method == "GET" and path.endswith("/models"):
             data = [{"id": self.model, "object": "model", "created": 0, "owned_by": "scripted"}]
             return Rendered(body=json.dumps({"object": "list", "data": data}).encode())
-        if method != "POST" or not path.endswith(("/chat/completions", "/completions", "/responses")):
+        if method != "POST" or not path.endswith(ROUTES):
             return Rendered(status=404, body=error_body(404, f"no route {method} {path}"))
         try:
             request = json.loads(body)
@@ -209,6 +214,8 @@ class ScriptedServer:
             return Rendered(status=500, body=error_body(500, "script exhausted"))
         if path.endswith("/responses"):
             return render_response(request, reply, seq=seq, model=self.model)
+        if path.endswith("/v1/messages"):
+            return render_anthropic(request, reply, seq=seq, model=self.model)
         render = render_chat if path.endswith("/chat/completions") else render_completion
         return render(request, reply, seq=seq, model=self.model)
 

@@ -94,8 +94,8 @@ def _finish_reason(call: LLMCall) -> str | None:
 
 def usage_of(call: LLMCall) -> dict[str, int]:
     usage = (call.response or {}).get("usage") or {}
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens")
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # chat; Responses and Anthropic Messages
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
     if prompt is None and call.prompt_token_ids is not None:
         prompt = len(call.prompt_token_ids)
     if completion is None and call.completion_token_ids is not None:

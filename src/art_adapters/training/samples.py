@@ -77,11 +77,13 @@ def samples_of(
 
 
 def _retokenized_turns(history: History | Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
-    """Assistant turns given as plain message dicts (no sampled ids), rendered by the chat template."""
+    """Assistant turns without sampled ids (plain message dicts, or Choices of a server that gave none, such as
+    Anthropic's Messages API), rendered by the chat template."""
     plain = [
         i
         for i, item in enumerate(history.messages_and_choices)
-        if isinstance(item, dict) and item.get("role") == "assistant" and "token_ids" not in item
+        if (isinstance(item, dict) and item.get("role") == "assistant" and "token_ids" not in item)
+        or (isinstance(item, Choice) and _extra(item, "token_ids") is None)
     ]
     if not plain:
         return []
