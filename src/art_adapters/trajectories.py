@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from .sources import CallSource, SplitBy
+from .calls import LLMCall, Message, Tools
+from .calls import SampledChoice as SampledChoice  # re-exported: its home before calls.py
+from .sources import SplitBy
 
-Message = dict[str, Any]
 Messages = list[Message]
 MessageOrChoice = Annotated[Choice | Message, Field(union_mode="left_to_right")]
 MessagesAndChoices = list[MessageOrChoice]
-Tools = list[dict[str, Any]]
 MetadataValue = float | int | str | bool | None
 MainPolicy = Literal["first", "last", "most_calls"]
 
@@ -43,78 +43,6 @@ class PydanticException(BaseModel):
             message=str(error),
             traceback="".join(traceback.format_exception(error)),
         )
-
-
-class SampledChoice(BaseModel):
-    """Token ids and logprobs the engine sampled for one choice of a call (choices after the first when n > 1)."""
-
-    index: int
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
-
-
-class LLMCall(BaseModel):
-    """One OpenAI-compatible exchange as the recording client saw it."""
-
-    request: dict[str, Any]
-    response: dict[str, Any] | None = None
-    url: str = ""
-    status_code: int | None = None
-    stream: bool = False
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    other_choices: list[SampledChoice] = Field(default_factory=list)
-    logprobs_mode: str | None = None
-    started_at: float = Field(default_factory=time.time)
-    latency_s: float = 0.0
-    error: str | None = None
-    source: CallSource = Field(default_factory=CallSource)
-
-    @property
-    def ended_at(self) -> float:
-        return self.started_at + self.latency_s
-
-    @property
-    def model(self) -> str | None:
-        return self.request.get("model")
-
-    @property
-    def api(self) -> Literal["chat", "responses", "messages"]:
-        """Which API the call spoke (from its URL): OpenAI's chat (or completions), OpenAI's Responses, Anthropic's
-        Messages. The chat-format views below work for all."""
-        path = self.url.split("?", 1)[0].rstrip("/")
-        if path.endswith("/responses"):
-            return "responses"
-        return "messages" if path.endswith("/v1/messages") else "chat"
-
-    def request_messages(self) -> list[Message]:
-        if self.api != "chat":
-            return _api_view(self.api).chat_messages(self.request)
-        return list(self.request.get("messages") or [])
-
-    def request_tools(self) -> Tools | None:
-        if self.api != "chat":
-            return _api_view(self.api).chat_tools(self.request.get("tools"))
-        return self.request.get("tools")
-
-    def choices(self) -> list[dict[str, Any]]:
-        """The answer's choices in chat-completion form (a Responses or Messages answer is one choice)."""
-        if not self.response:
-            return []
-        if self.api != "chat":
-            choice = _api_view(self.api).chat_choice(self.response)
-            return [choice] if choice is not None else []
-        return [c for c in self.response.get("choices") or [] if isinstance(c, dict)]
-
-    def response_message(self, index: int = 0) -> Message | None:
-        """The assistant message of choice `index`, as a request-ready dict (None if the call failed)."""
-        for choice in self.choices():
-            if choice.get("index", 0) == index:
-                message = dict(choice.get("message") or {})
-                return {k: v for k, v in message.items() if v is not None}
-        return None
 
 
 class History(BaseModel):
@@ -247,17 +175,6 @@ class Trajectory(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> Trajectory:
         return cls.model_validate_json(text)
-
-
-def _api_view(api: str) -> Any:
-    """The module giving the chat-format view of a Responses or Messages call (imported when first needed)."""
-    if api == "responses":
-        from .capture import responses_api
-
-        return responses_api
-    from .capture import anthropic_api
-
-    return anthropic_api
 
 
 def messages_of(items: MessagesAndChoices) -> list[Message]:
