@@ -62,7 +62,9 @@ async def test_responses_json_and_stream_capture_the_engine_tokens(
         ids = call.completion_token_ids or []
         assert 1 <= len(ids) <= 6
         text = (call.response_message() or {}).get("content") or ""
-        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+        decoded = tokenizer.decode(ids, skip_special_tokens=True)
+        # the engine's text holds back a last character whose bytes were cut by max_output_tokens
+        assert decoded == text or (decoded.startswith(text) and set(decoded[len(text) :]) == {"\ufffd"})
         assert call.logprobs is not None and len(call.logprobs) == len(ids)
         assert all(lp <= 0 for lp in call.logprobs if not math.isnan(lp))
 
