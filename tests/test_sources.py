@@ -301,3 +301,21 @@ async def test_agents_sdk_span_ids_become_run_ids_when_tracing_is_on() -> None:
     assert all(s.parent_run_id and s.parent_run_id.startswith("span_") for s in sources)
     assert len({s.run_id for s in sources}) == 4 and sources[1].parent_run_id == sources[3].parent_run_id
     assert sources[2].parent_run_id != sources[1].parent_run_id  # the expert's own agent span
+
+
+def test_responses_logprobs_of_a_cut_tail_are_unknown_not_dropped() -> None:
+    """vLLM outputs no logprob for the stop token, nor for a last character whose bytes the token limit cut (held
+    back from the text): those become NaN at the tail of a text answer; a function-call answer keeps none."""
+    import math
+
+    from art_adapters.capture.responses_api import token_fields
+
+    part = {"type": "output_text", "text": "ab", "logprobs": [{"logprob": -0.5}, {"logprob": -0.25}]}
+    body: dict[str, Any] = {
+        "output": [{"type": "message", "content": [part]}],
+        "output_messages": [{"tokens": [1, 2, 3, 4]}],
+    }
+    logprobs = token_fields(body)["logprobs"]
+    assert logprobs[:2] == [-0.5, -0.25] and all(math.isnan(x) for x in logprobs[2:]) and len(logprobs) == 4
+    body["output"].append({"type": "function_call", "name": "f", "arguments": "{}"})
+    assert token_fields(body)["logprobs"] is None

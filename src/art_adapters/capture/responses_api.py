@@ -38,8 +38,11 @@ def token_fields(body: dict[str, Any]) -> dict[str, Any]:
         for part in item.get("content") or [] if isinstance(item, dict) else []:
             for entry in (part.get("logprobs") or []) if isinstance(part, dict) else []:
                 logprobs.append(float(entry.get("logprob")))  # type: ignore[union-attr]
-    if completion is not None and logprobs is not None and len(logprobs) == len(completion) - 1:
-        logprobs.append(float("nan"))  # the stop token: sampled, but its text (and logprob) is not output
+    text_only = all(isinstance(i, dict) and i.get("type") == "message" for i in body.get("output") or [])
+    if completion is not None and logprobs and text_only and len(logprobs) < len(completion):
+        # the tail's logprobs are not output: the stop token's, and those of a last character whose bytes were
+        # cut by the token limit (held back from the text); unknown, NaN (trained with the on-policy ratio)
+        logprobs += [float("nan")] * (len(completion) - len(logprobs))
     if completion is None or len(logprobs or []) != len(completion):
         logprobs = None
     return {"prompt_token_ids": prompt, "completion_token_ids": completion, "logprobs": logprobs}
