@@ -11,6 +11,22 @@ from .sources import CallSource
 
 Message = dict[str, Any]
 Tools = list[dict[str, Any]]
+EndpointKind = Literal["chat", "completions", "responses", "messages"]
+
+
+def endpoint_kind(path: str) -> EndpointKind | None:
+    """The API a POST to `path` speaks: OpenAI's chat completions, completions or Responses, Anthropic's Messages
+    (vLLM serves all four), or None for any other path."""
+    path = path.split("?", 1)[0].rstrip("/")
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completions"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/v1/messages"):
+        return "messages"
+    return None
 
 
 class SampledChoice(BaseModel):
@@ -52,10 +68,8 @@ class LLMCall(BaseModel):
     def api(self) -> Literal["chat", "responses", "messages"]:
         """Which API the call spoke (from its URL): OpenAI's chat (or completions), OpenAI's Responses, Anthropic's
         Messages. The chat-format views below work for all."""
-        path = self.url.split("?", 1)[0].rstrip("/")
-        if path.endswith("/responses"):
-            return "responses"
-        return "messages" if path.endswith("/v1/messages") else "chat"
+        kind = endpoint_kind(self.url)
+        return kind if kind == "responses" or kind == "messages" else "chat"
 
     def request_messages(self) -> list[Message]:
         if self.api != "chat":

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
 
+from ..calls import endpoint_kind
 from ..capture import AsyncRecordingTransport, RecordingTransport, capture
 from ..sources import SplitBy
 from ..trajectories import Trajectory
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)
-_COMPLETIONS = ("/chat/completions", "/completions", "/responses", "/v1/messages")
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ class Route:
 
     def matches(self, url: Any) -> bool:
         text = str(url)
-        path = text.split("?", 1)[0].rstrip("/")
-        if not path.endswith(_COMPLETIONS):
+        if endpoint_kind(text) is None:
             return False
         return not self.prefixes or any(text.startswith(p) for p in self.prefixes)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from ..calls import endpoint_kind
 from .record import Exchange, decode
 from .responses_api import ask_token_ids as ask_responses_token_ids
 from .sampling import sampling_note
@@ -33,18 +34,7 @@ _DROP_ON_REWRITE = {"content-encoding", "content-length", "transfer-encoding"}
 
 
 def _kind(request: httpx.Request) -> str | None:
-    if request.method != "POST":
-        return None
-    path = request.url.path
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/completions"):
-        return "completions"
-    if path.endswith("/responses"):
-        return "responses"
-    if path.endswith("/v1/messages"):  # Anthropic's Messages API (vLLM serves it too)
-        return "messages"
-    return None
+    return endpoint_kind(request.url.path) if request.method == "POST" else None
 
 
 def _ask_token_ids(
