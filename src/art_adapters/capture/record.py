@@ -132,9 +132,9 @@ class Exchange:
             return None, error or f"HTTP {status}: {text[:2000]}"
         if streamed or "text/event-stream" in headers.get("content-type", ""):
             events, done, stream_error = parse_events(raw)
-            if self.kind in ("responses", "messages"):  # no [DONE]: a final event ends the stream
-                last = "response" if self.kind == "responses" else "message_stop"
-                response, done = final_response(events) if self.kind == "responses" else final_message(events)
+            if self.kind in _FINAL_EVENT:  # no [DONE]: a final event ends the stream
+                final, last = _FINAL_EVENT[self.kind]
+                response, done = final(events)
                 if error is None and not done:
                     ended = "closed" if early else "ended"
                     error = stream_error or f"stream {ended} before its final {last} event"
@@ -190,6 +190,8 @@ def messages_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {"response": body}
 
 
+# APIs whose streams end with a final event instead of [DONE]: what rebuilds the answer, and that event's name
+_FINAL_EVENT = {"responses": (final_response, "response"), "messages": (final_message, "message_stop")}
 _FIELDS = {
     "chat": body_fields,
     "completions": body_fields,
