@@ -313,13 +313,9 @@ def weights_digest(model_dir: str | Path) -> str:
 def tiny_model_command(out_dir: str | None, family: str = "byte") -> None:
     """CLI entry: ``art-adapters tiny-model [OUT_DIR] [--family F]`` prints the model's path. Without OUT_DIR: the
     shared cache (built once). With it: builds there (rebuilds a previous tiny model, never other folders)."""
-    import logging
+    from .training.quiet import quiet_import_notes
 
-    for noisy in (
-        "torchao",
-        "torch.utils._pytree",
-    ):  # import-time notes of optional kernels, not for this user
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    quiet_import_notes()  # for the rest of this command: notes of optional kernels are not for this user
     if out_dir is None:
         print(tiny_model_path(family))
         return

@@ -11,16 +11,22 @@ from collections.abc import Iterator
 _IMPORT_NOTES = ("bitsandbytes", "torchao", "torch.utils._pytree")
 
 
+def quiet_import_notes() -> list[tuple[logging.Logger, int]]:
+    """Raise those loggers to ERROR; returns each with its previous level (to restore)."""
+    loggers = [logging.getLogger(name) for name in _IMPORT_NOTES]
+    previous = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    return previous
+
+
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
     """No transformers progress bars ("Loading weights", "Writing model shards") and no import-time kernel notes
     inside; every level restored after."""
     from transformers.utils import logging as hf_logging
 
-    loggers = [logging.getLogger(name) for name in _IMPORT_NOTES]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
+    previous = quiet_import_notes()
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -28,5 +34,5 @@ def quiet_loading() -> Iterator[None]:
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
-        for logger, level in zip(loggers, levels, strict=True):
+        for logger, level in previous:
             logger.setLevel(level)
