@@ -58,7 +58,7 @@ class _Gather:
 
     def done(self, trajectory: Trajectory | None) -> None:
         """Advance the progress bar (its running means exist only to be shown, so nothing is kept without one)."""
-        if self.pbar is None:
+        if self.pbar is None or self.pbar.disable:
             return
         if trajectory is not None:
             self.rewards.append(trajectory.reward)
