@@ -27,8 +27,8 @@ class CallSource(BaseModel):
     `agent_path` the agents it runs under (agents used as tools), outermost first, ending with `agent`;
     `handoffs` the agents that held the same run before it. `trace_id`: the Agents SDK trace the call ran in
     (one `Runner.run`, or the user's `trace(...)` around several; a local id when tracing is disabled).
-    `run_id` / `parent_run_id`: the framework's ids of the call and of the step that made it. `role`: set by the user (`art.role("planner")` or LangChain metadata
-    `{"role": "planner"}`). `tags`: LangChain tags.
+    `run_id` / `parent_run_id`: the framework's ids of the call and of the step that made it. `role`: set by the
+    user (`art.role("planner")` or LangChain metadata `{"role": "planner"}`). `tags`: LangChain tags.
     """
 
     framework: str = "openai"

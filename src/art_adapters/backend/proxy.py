@@ -114,8 +114,8 @@ ALLOWED_PATHS = frozenset({"chat/completions", "completions", "responses", "mess
 
 
 class InferenceProxy:
-    """Forwards `/v1/{chat/completions, completions, responses, messages, models}` to the upstream endpoint of the model a
-    request names, when that model is one this server registered (one shared pooled client)."""
+    """Forwards `/v1/{chat/completions, completions, responses, messages, models}` to the upstream endpoint of the
+    model a request names, when that model is one this server registered (one shared pooled client)."""
 
     def __init__(self, *, read_timeout_s: float = 600.0, max_connections: int = 2048) -> None:
         self._routes: dict[str, InferenceEndpoint] = {}
