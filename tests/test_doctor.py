@@ -188,7 +188,40 @@ def test_a_different_template_and_the_cli(
         "retokenized",
         "edited",
         "template",
+        "temperature",
     }
+
+
+def test_chaining_is_judged_as_the_trainer_merges(tok: Any) -> None:
+    """A, then B continuing A, then C continuing A but not B (a retried turn): the trainer merges A+B into one
+    sequence, which C does not extend, so C trains as a sequence of its own; the doctor says so (it used to call
+    C chained because C extends A)."""
+    from art_adapters.training.tokenize import tokenize_trajectory
+
+    first = sampled(tok, START, "Four.")
+    history = [*START, {"role": "assistant", "content": "Four."}]
+    second = sampled(tok, [*history, {"role": "user", "content": "Again"}], "Five.")
+    retry = sampled(tok, [*history, {"role": "user", "content": "Once more"}], "Six.")
+    trajectory = Trajectory(llm_calls=[first, second, retry])
+    trained = tokenize_trajectory(trajectory, tok, max_seq_len=4096)
+    assert len(trained.sequences) == 2  # A+B, and C alone
+    report = diagnose([trajectory], tok)
+    assert [(c.continues, c.chained) for c in report.calls] == [(None, None), (0, True), (1, False)]
+    assert report.calls[2].causes == ["edited"] and report.calls[2].extra_context_tokens > 0
+    # C at another temperature than A+B: a training sequence has one temperature, so that too is a break
+    hot = sampled(
+        tok,
+        [
+            *history,
+            {"role": "user", "content": "Again"},
+            {"role": "assistant", "content": "Five."},
+            {"role": "user", "content": "Go"},
+        ],
+        "Seven.",
+    )
+    hot.request["temperature"] = 0.7
+    report = diagnose([Trajectory(llm_calls=[first, second, hot])], tok)
+    assert (report.calls[2].chained, report.calls[2].causes) == (False, ["temperature"])
 
 
 def test_a_missing_trajectories_path_is_named(tmp_path: Path) -> None:

@@ -138,6 +138,27 @@ async def test_progress_bar_shows_reward_and_exceptions(
     assert "rollouts" in err and "3/3" in err and "reward=0.500" in err and "exceptions=1" in err
 
 
+async def test_progress_bar_counts_completion_tokens_when_asked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pbar_total_completion_tokens=True` (ART's flag) shows the tokens generated so far, never ignored."""
+    monkeypatch.setattr("art_adapters.progress.live_display", lambda: True)
+
+    async def sampled(n: int) -> Trajectory:
+        call = art.LLMCall(request={}, prompt_token_ids=[1], completion_token_ids=list(range(n)))
+        usage_only = art.LLMCall(request={}, response={"usage": {"completion_tokens": 2}})
+        return Trajectory(llm_calls=[call, usage_only])
+
+    for asked, shown in ((True, "completion_tokens=16"), (False, None)):
+        await gather_trajectory_groups(
+            [TrajectoryGroup([sampled(5), sampled(7)])], pbar_desc="g", pbar_total_completion_tokens=asked
+        )
+        err = capsys.readouterr().err
+        assert (shown in err) if shown else "completion_tokens" not in err
+    await art.gather_trajectories([sampled(3)], pbar_desc="t", pbar_total_completion_tokens=True)
+    assert "completion_tokens=5" in capsys.readouterr().err
+
+
 async def test_awaitable_groups_and_gather_trajectories() -> None:
     async def make_group() -> TrajectoryGroup:
         return TrajectoryGroup([rollout(5), rollout(6)])

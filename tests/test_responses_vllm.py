@@ -14,7 +14,8 @@ import art_adapters as art
 from art_adapters.inference import VLLMServer
 from art_adapters.openai_agents import wrap_rollout
 from art_adapters.testing import steer
-from art_adapters.training.tokenize import chat_template_ids
+from art_adapters.training.tokenize import chat_template_ids, tokenize_trajectory
+from art_adapters.trajectories import Trajectory
 from fixtures_vllm import registered_on
 
 pytestmark = [
@@ -65,8 +66,57 @@ async def test_responses_json_and_stream_capture_the_engine_tokens(
         decoded = tokenizer.decode(ids, skip_special_tokens=True)
         # the engine's text holds back a last character whose bytes were cut by max_output_tokens
         assert decoded == text or (decoded.startswith(text) and set(decoded[len(text) :]) == {"\ufffd"})
-        assert call.logprobs is not None and len(call.logprobs) == len(ids)
-        assert all(lp <= 0 for lp in call.logprobs if not math.isnan(lp))
+        if not streamed:  # a stream's logprobs are kept only where they can be aligned (see below)
+            assert call.logprobs is not None and len(call.logprobs) == len(ids)
+        assert call.logprobs is None or all(lp <= 0 for lp in call.logprobs if not math.isnan(lp))
+
+
+@pytest.mark.parametrize(
+    ("text", "aligned"), [("hello world ok", True), ("héllo wörld ✓ 𓂀 ok", False)], ids=["ascii", "multibyte"]
+)
+async def test_streamed_responses_logprobs_are_aligned_or_marked_missing(
+    vllm_server: VLLMServer, tokenizer: Any, tmp_path: Path, text: str, aligned: bool
+) -> None:
+    """vLLM's Responses stream drops the logprobs of steps whose text delta is empty (the stop token, a byte inside
+    a multi-byte character). Captured logprobs equal chat completions' for the same ids, token for token, or are
+    None (counted as missing by the trainer); never shifted onto later tokens."""
+    async with registered_on(vllm_server, tmp_path, name="aligner", project="responses") as (_, model):
+        client = model.openai_client()
+        options = {"max_output_tokens": 64, "temperature": 1.0, "extra_body": steer(tokenizer, text)}
+        async with art.capture() as trajectory:
+            await client.responses.create(model=model.get_inference_name(), input="Say it.", **options)
+            stream = await client.responses.create(
+                model=model.get_inference_name(), input="Say it.", stream=True, **options
+            )
+            async for _ in stream:
+                pass
+            chat = await client.chat.completions.create(
+                model=model.get_inference_name(),
+                messages=[{"role": "user", "content": "Say it."}],
+                max_tokens=64,
+                temperature=1.0,
+                extra_body=steer(tokenizer, text),
+            )
+    json_call, stream_call, chat_call = trajectory.llm_calls
+    ids = chat_call.completion_token_ids or []
+    assert tokenizer.decode(ids) == text + "<|im_end|>" and chat.choices[0].message.content == text
+    reference = chat_call.logprobs or []
+    assert json_call.completion_token_ids == stream_call.completion_token_ids == ids
+    assert json_call.logprobs == pytest.approx(
+        reference, abs=1e-4
+    )  # JSON: every token's, the stop token's too
+    if aligned:
+        assert stream_call.logprobs is not None and math.isnan(stream_call.logprobs[-1])  # the stop token
+        assert stream_call.logprobs[:-1] == pytest.approx(reference[:-1], abs=1e-4)
+    else:
+        assert stream_call.logprobs is None
+    # as if sampled without steering (steered tokens lose their ratio anyway): missing logprobs are counted
+    unsteered = {
+        k: v for k, v in stream_call.request.items() if k not in ("structured_outputs", "logit_bias")
+    }
+    call = stream_call.model_copy(update={"request": unsteered})
+    out = tokenize_trajectory(Trajectory(llm_calls=[call]), tokenizer, max_seq_len=512)
+    assert out.excluded_tokens == 0 and out.missing_tokens == (1 if aligned else len(ids))
 
 
 async def test_agents_sdk_default_responses_model_trains_unchanged(

@@ -21,6 +21,7 @@ from art_adapters.capture import AsyncRecordingTransport
 from art_adapters.langgraph import wrap_rollout
 from art_adapters.openai_agents import wrap_rollout as agents_rollout
 from art_adapters.testing import Reply, ScriptedServer
+from art_adapters.training.samples import excluded_reason
 
 set_tracing_disabled(True)
 aio = pytest.mark.asyncio
@@ -197,6 +198,12 @@ async def test_agents_sdk_handoffs_and_agents_as_tools_on_the_responses_model(st
         else:
             assert call.logprobs is not None and len(call.logprobs) == len(call.completion_token_ids)
     assert calls[3].prompt_token_ids[: len(calls[1].prompt_token_ids)] == calls[1].prompt_token_ids  # type: ignore[index]
+    # the SDK's tools (handoffs, agents as tools) are strict: vLLM samples their calls under a grammar, so no call
+    # offering them keeps an importance ratio
+    for call in calls:
+        offered = bool(call.request.get("tools"))
+        assert ("strict tools" in (excluded_reason(call.request, call.logprobs_mode) or "")) == offered
+    assert [bool(c.request.get("tools")) for c in calls] == [True, True, False, True]
     histories = trajectory.histories(by="agent")
     assert {k: sum(len(h.llm_calls) for h in v) for k, v in histories.items()} == {
         "triage": 1,
@@ -317,5 +324,16 @@ def test_responses_logprobs_of_a_cut_tail_are_unknown_not_dropped() -> None:
     }
     logprobs = token_fields(body)["logprobs"]
     assert logprobs[:2] == [-0.5, -0.25] and all(math.isnan(x) for x in logprobs[2:]) and len(logprobs) == 4
+    # a stream drops the logprobs of steps with empty text anywhere (a byte inside a multi-byte character):
+    # only a completed stream missing exactly its stop token's is aligned; anything else is unknown
+    assert token_fields(body, streamed=True)["logprobs"] is None
+    body["output_messages"] = [{"tokens": [1, 2, 3]}]
+    assert token_fields(body, streamed=True)["logprobs"] is None  # status unknown: maybe a cut, not a stop
+    body["status"] = "completed"
+    logprobs = token_fields(body, streamed=True)["logprobs"]
+    assert logprobs[:2] == [-0.5, -0.25] and math.isnan(logprobs[2])
     body["output"].append({"type": "function_call", "name": "f", "arguments": "{}"})
     assert token_fields(body)["logprobs"] is None
+    # vLLM attaches every sampled token's logprob to the text, tool-call tokens too: a full list is recovered
+    body["output_messages"] = [{"tokens": [1, 2]}]
+    assert token_fields(body)["logprobs"] == [-0.5, -0.25]

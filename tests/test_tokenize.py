@@ -262,9 +262,10 @@ def test_sft_samples_cover_the_assistant_turns(tokenizer):
     ]
     samples = sft_samples(Trajectory(messages_and_choices=messages, tools=TOOLS), tokenizer)
     assert len(samples) == 2
-    # The re-rendered assistant turns (the tool call, the answer), each ending in <|im_end|> + the template's \n.
-    assert samples[0].completion_ids == encode(tokenizer, tool_call_text("Paris") + "\n")
-    assert samples[1].completion_ids == encode(tokenizer, answer["content"] + "<|im_end|>\n")
+    # The re-rendered assistant turns (the tool call, the answer), each ending in <|im_end|>: the template's "\n"
+    # after it is the next prompt's, never something a model samples.
+    assert samples[0].completion_ids == encode(tokenizer, tool_call_text("Paris"))
+    assert samples[1].completion_ids == encode(tokenizer, answer["content"] + "<|im_end|>")
     assert samples[1].prompt_ids == chat_template_ids(tokenizer, messages[:3], TOOLS)
 
 
@@ -284,6 +285,28 @@ def test_sft_samples_cover_the_assistant_turns(tokenizer):
             "presence_penalty, logit_bias",
         ),
         ({"temperature": 0.7}, None, "unknown-kind logprobs at temperature 0.7"),
+        # grammars vLLM enforces: strict tools (chat and Responses forms), Responses text.format, structural tags
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}]},
+            "processed_logprobs",
+            "strict tools",
+        ),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {}, "strict": True}]},
+            "processed_logprobs",
+            "strict tools",
+        ),
+        ({"text": {"format": {"type": "json_object"}}}, "processed_logprobs", "text.format"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}},
+            "processed_logprobs",
+            "text.format",
+        ),
+        (
+            {"response_format": {"type": "structural_tag", "structures": [], "triggers": []}},
+            "processed_logprobs",
+            "response_format",
+        ),
     ],
 )
 def test_tokens_sampled_under_settings_the_trainer_cannot_reproduce_lose_their_ratio(
@@ -352,3 +375,22 @@ def test_n_choices_train_only_the_one_the_agent_kept(tokenizer):
     assert sorted(trained_ids(everything.sequences)) == sorted(
         encode(tokenizer, "one<|im_end|>") + encode(tokenizer, "two<|im_end|>") + [7, 763]
     )
+
+
+def test_retokenized_text_trains_neither_a_captured_turn_twice_nor_the_templates_newline(tokenizer):
+    """`train_retokenized_text=True` trains plain assistant turns as the template renders them, up to and including
+    their end-of-turn token (the newline after it is the next prompt's), and leaves out a turn a captured call
+    already answered with sampled ids (that call's ids train it, exactly)."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    question = [{"role": "user", "content": "hi"}]
+    call = make_call(tokenizer, question, None, [*encode(tokenizer, "hello there"), end])
+    call.response = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hello there"}}]}
+    follow_up = [{"role": "user", "content": "and then?"}, {"role": "assistant", "content": "bye now"}]
+    items = [*question, {"role": "assistant", "content": "hello there"}, *follow_up]  # plain dicts only
+    trajectory = Trajectory(messages_and_choices=items, llm_calls=[call])
+    out = tokenize_trajectory(trajectory, tokenizer, max_seq_len=512, train_retokenized_text=True)
+    trained = [t for s in out.sequences for t, m in zip(s.input_ids, s.trained_mask, strict=True) if m]
+    sampled = call.completion_token_ids or []
+    rendered = [*encode(tokenizer, "bye now"), end]  # the template's "\n" after <|im_end|> is not trained
+    assert trained == sampled + rendered
+    assert out.sampled_token_fraction == pytest.approx(len(sampled) / (len(sampled) + len(rendered)))

@@ -217,8 +217,11 @@ def train_config(
 
 
 def art_backend_train_config(knobs: dict[str, Any], config: TrainConfig | None = None) -> TrainConfig:
-    """`backend.train(model, groups, **knobs)` (ART >= 0.5.18): ART's defaults there are CISPO at lr 5e-6."""
-    knobs = {"loss_fn": "cispo", **knobs}
+    """`backend.train(model, groups, **knobs)` (ART >= 0.5.18): ART's defaults there are CISPO at lr 5e-6. A
+    `config` that chooses its loss keeps it (ART's default fills only what neither the config nor a knob sets)."""
+    chosen = config is not None and "loss" in config.model_fields_set
+    if not chosen and not {"loss_fn", "ppo"} & set(knobs):
+        knobs = {"loss_fn": "cispo", **knobs}
     return train_config(config, knobs, where="backend.train")
 
 

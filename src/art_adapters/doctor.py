@@ -33,6 +33,8 @@ CAUSES = {
     "edited": "the history sent differs from what was sampled (the agent edited, dropped or reordered messages)",
     "template": "a different template or tokenizer: the model folder's chat template does not render this "
     "request to the ids the engine saw",
+    "temperature": "sampled at another temperature than the sequence it extends (a training sequence has one "
+    "temperature)",
 }
 
 
@@ -89,18 +91,41 @@ class DriftReport(BaseModel):
 
 
 def diagnose(trajectories: list[Trajectory], tokenizer: Any) -> DriftReport:
-    """Diagnose every captured call of `trajectories` (those with engine token ids) against `tokenizer`."""
+    """Diagnose every captured call of `trajectories` (those with engine token ids) against `tokenizer`.
+
+    Chaining is judged as the trainer merges calls (`training/tokenize.py`): a call continues the newest training
+    sequence its prompt extends token for token (at the same temperature), and a sequence ends with the last call
+    merged into it, so a call that extends an older call but not the sequence that call grew into is a break."""
     out: list[CallDiagnosis] = []
     for t_index, trajectory in enumerate(trajectories):
         calls = [c for c in trajectory.llm_calls if c.prompt_token_ids and c.completion_token_ids is not None]
+        ends: list[int] = []  # per training sequence, the index of the last call merged into it
         for c_index, call in enumerate(calls):
-            out.append(_diagnose_call(t_index, c_index, call, calls[:c_index], tokenizer))
+            result, continued = _diagnose_call(t_index, c_index, call, calls, ends, tokenizer)
+            out.append(result)
+            if continued is None:
+                ends.append(c_index)
+            else:
+                ends[continued] = c_index
     return DriftReport(calls=out)
 
 
+def _sequence(call: LLMCall) -> list[int]:
+    """The ids of the training sequence that ends with `call` (a merged sequence always equals its last call's
+    prompt + completion, since each call it takes extends it)."""
+    return list(call.prompt_token_ids or []) + list(call.completion_token_ids or [])
+
+
+def _temperature(call: LLMCall) -> float:
+    value = call.request.get("temperature")
+    value = 1.0 if value is None else float(value)
+    return 1.0 if value < 1e-5 else value  # greedy calls train at the trainer's own T=1, as samples.py does
+
+
 def _diagnose_call(
-    t_index: int, c_index: int, call: LLMCall, earlier: list[LLMCall], tokenizer: Any
-) -> CallDiagnosis:
+    t_index: int, c_index: int, call: LLMCall, calls: list[LLMCall], ends: list[int], tokenizer: Any
+) -> tuple[CallDiagnosis, int | None]:
+    """The call's diagnosis and the training sequence (an index into `ends`) it continues, if any."""
     prompt = list(call.prompt_token_ids or [])
     result = CallDiagnosis(
         trajectory=t_index, call=c_index, sampled_tokens=len(call.completion_token_ids or [])
@@ -109,22 +134,27 @@ def _diagnose_call(
     result.template_matches = rendered == prompt if rendered is not None else None
     if result.template_matches is False:
         result.causes.append("template")
-    if not any(m.get("role") == "assistant" for m in call.request_messages()) or not earlier:
-        return result  # a first turn: nothing sampled before it to continue
-    sequences = [list(c.prompt_token_ids or []) + list(c.completion_token_ids or []) for c in earlier]
+    sequences = [_sequence(calls[i]) for i in ends]
+    for j in reversed(range(len(sequences))):  # the trainer's choice: the newest sequence the prompt extends
+        if prompt[: len(sequences[j])] == sequences[j] and _temperature(calls[ends[j]]) == _temperature(call):
+            first_turn = not any(m.get("role") == "assistant" for m in call.request_messages())
+            result.continues, result.chained = ends[j], None if first_turn else True
+            return result, j
+    if not any(m.get("role") == "assistant" for m in call.request_messages()) or not sequences:
+        return result, None  # a first turn: nothing sampled before it to continue
     shared = [_common_prefix(s, prompt) for s in sequences]
     best = max(range(len(sequences)), key=lambda i: (shared[i] / max(len(sequences[i]), 1), i))
     sequence, d = sequences[best], shared[best]
-    result.continues = best
-    result.chained = d == len(sequence)
-    if result.chained:
-        return result
+    result.continues, result.chained = ends[best], False
     result.diverge_at = d
     result.extra_context_tokens = min(len(prompt), len(sequence))
     result.sequence_window = _window(tokenizer, sequence, d)
     result.prompt_window = _window(tokenizer, prompt, d)
-    result.causes.insert(0, _cause(tokenizer, earlier[best], sequence, prompt, d))
-    return result
+    if d == len(sequence):  # it extends that sequence's tokens, at another temperature
+        result.causes.insert(0, "temperature")
+    else:
+        result.causes.insert(0, _cause(tokenizer, calls[ends[best]], sequence, prompt, d))
+    return result, None
 
 
 def _cause(tokenizer: Any, previous: LLMCall, sequence: list[int], prompt: list[int], d: int) -> str:

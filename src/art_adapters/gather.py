@@ -23,6 +23,7 @@ class _Gather:
         pbar_desc: str | None,
         max_concurrent: int | None,
         max_metrics: int | None = 0,
+        count_completion_tokens: bool = False,
     ):
         if max_exceptions < 0:
             raise ValueError(f"max_exceptions must be >= 0, not {max_exceptions}")
@@ -35,6 +36,8 @@ class _Gather:
         self.max_metrics = max_metrics
         self.metric_sums: dict[str, float] = {}
         self.metric_counts: dict[str, int] = {}
+        self.count_completion_tokens = count_completion_tokens
+        self.completion_tokens = 0
         self.semaphore = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self.pbar: Any = None
         if pbar_desc is not None:
@@ -62,13 +65,17 @@ class _Gather:
             return
         if trajectory is not None:
             self.rewards.append(trajectory.reward)
+            if self.count_completion_tokens:
+                self.completion_tokens += completion_tokens(trajectory)
             if self.max_metrics != 0:
                 for key, value in trajectory.metrics.items():
                     if isinstance(value, int | float):
                         self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
                         self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
         mean = sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
-        postfix = {"reward": f"{mean:.3f}", "exceptions": self.failures}
+        postfix: dict[str, Any] = {"reward": f"{mean:.3f}", "exceptions": self.failures}
+        if self.count_completion_tokens:
+            postfix["completion_tokens"] = self.completion_tokens
         keys = list(self.metric_sums)
         if self.max_metrics is not None:  # None: every metric; N: the first N seen
             keys = keys[: self.max_metrics]
@@ -133,6 +140,28 @@ class _Gather:
             self.pbar.close()
 
 
+def completion_tokens(trajectory: Trajectory) -> int:
+    """Tokens the model generated in a rollout: its captured calls' (sampled ids, else the usage the server
+    reported), or, for a hand-built trajectory, its Choices' sampled ids."""
+    if trajectory.llm_calls:
+        total = 0
+        for call in trajectory.llm_calls:
+            if call.completion_token_ids is not None:
+                total += len(call.completion_token_ids) + sum(
+                    len(c.token_ids or []) for c in call.other_choices
+                )
+            else:
+                usage = (call.response or {}).get("usage") or {}
+                total += int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        return total
+    total = 0
+    for history in [trajectory, *trajectory.additional_histories]:
+        for item in history.messages_and_choices:
+            extra = getattr(item, "model_extra", None) or {}  # a Choice: its sampled ids ride as an extra
+            total += len(extra.get("token_ids") or [])
+    return total
+
+
 async def _all(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
     """asyncio.gather that cancels (and awaits) the rest as soon as one raises."""
     tasks = [asyncio.ensure_future(a) for a in awaitables]
@@ -162,11 +191,14 @@ async def gather_trajectory_groups(
     `after_each(group)` (sync or async) runs as each group finishes and returns the group to keep, a replacement
     (or a list of groups), or None to drop it. `max_concurrent` bounds the rollouts running at once.
     `pbar_desc=None` hides the progress bar (running reward mean and exception count, plus the means of the
-    first `max_metrics` trajectory metrics; None shows all of them).
+    first `max_metrics` trajectory metrics; None shows all of them; `pbar_total_completion_tokens` adds the
+    tokens generated so far).
     """
     items = list(groups)
     total = sum(len(g.pending) for g in items if isinstance(g, TrajectoryGroup))
-    context = _Gather(total, max_exceptions, pbar_desc, max_concurrent, max_metrics)
+    context = _Gather(
+        total, max_exceptions, pbar_desc, max_concurrent, max_metrics, pbar_total_completion_tokens
+    )
 
     async def one(item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> list[TrajectoryGroup]:
         group = await context.group(item)
@@ -198,7 +230,9 @@ async def gather_trajectories(
     where a rollout returns several, and, within `max_exceptions` (as in `gather_trajectory_groups`), the
     exception of each failed rollout in its place."""
     pending = list(trajectories)
-    context = _Gather(len(pending), max_exceptions, pbar_desc, max_concurrent)
+    context = _Gather(
+        len(pending), max_exceptions, pbar_desc, max_concurrent, 0, pbar_total_completion_tokens
+    )
     try:
         return await _all(context.rollout(p, many=True) for p in pending)
     finally:
@@ -229,7 +263,7 @@ async def trajectory_group_batches(
             if close is not None:
                 close()
     total = sum(len(g.pending) for g in waiting if isinstance(g, TrajectoryGroup))
-    context = _Gather(total, max_batch_exceptions, pbar_desc, None)
+    context = _Gather(total, max_batch_exceptions, pbar_desc, None, 0, pbar_total_completion_tokens)
 
     async def one(item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> TrajectoryGroup | None:
         if not isinstance(item, TrajectoryGroup):

@@ -64,10 +64,25 @@ class CallSource(BaseModel):
             return self.role or self.agent or self.node_path
         raise ValueError(f"split by 'node', 'agent' or 'role', not {by!r}")
 
+    def role_names(self) -> tuple[str, ...]:
+        """The names this call answers to as a role, most specific first: its explicit role, else its agent, else
+        its node path and node name (a subgraph's `research/planner` answers to `planner` too)."""
+        if self.role:
+            return (self.role,)
+        if self.agent:
+            return (self.agent,)
+        if self.node is None:
+            return ()
+        path = self.node_path or self.node
+        return (path,) if path == self.node else (path, self.node)
+
     def matches(self, by: SplitBy, names: set[str]) -> bool:
-        """Whether this call is one of `names` under `by` (a node matches by name or by node path)."""
+        """Whether this call is one of `names` under `by` (a node matches by name or by node path; a role as
+        `role_names` says). `TrainConfig.train_on` and `Trajectory.rewards_by_role` both match this way."""
         if by == "node":
             return bool({self.node, self.node_path} & names)
+        if by == "role":
+            return any(name in names for name in self.role_names())
         return self.key(by) in names
 
 

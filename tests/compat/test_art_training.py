@@ -118,6 +118,23 @@ async def test_backend_train_maps_arts_keywords(
     assert backend.steps[-1][0].scale_rewards is False
 
 
+@pytest.mark.parametrize("loss", ["grpo", "gspo", "cispo"])
+async def test_backend_train_keeps_the_loss_its_config_chooses(
+    registered: tuple[RecordingBackend, art.TrainableModel], loss: str
+) -> None:
+    """ART's CISPO default fills only what the config leaves unset: an explicit TrainConfig(loss=...) wins, and a
+    keyword (ART's own way of choosing) still wins over both."""
+    backend, model = registered
+    await backend.train(model, groups(), config=art.TrainConfig(loss=loss))  # type: ignore[arg-type]
+    config, _ = backend.steps[-1]
+    published = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "cispo": (1.0, 4.0)}[loss]
+    assert (config.loss, config.epsilon, config.clip_high) == (loss, *published)
+    await backend.train(model, groups(), config=art.TrainConfig(learning_rate=1e-4))  # loss unset: ART's
+    assert (backend.steps[-1][0].loss, backend.steps[-1][0].learning_rate) == ("cispo", 1e-4)
+    await backend.train(model, groups(), config=art.TrainConfig(loss="grpo"), loss_fn="cispo")
+    assert backend.steps[-1][0].loss == "cispo"
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
@@ -228,6 +245,8 @@ async def test_backend_train_through_the_server(served: tuple[str, RecordingBack
     assert not record and (config.loss, config.learning_rate) == ("grpo", 3e-5)
     row = await model.log(groups(), metrics=result.metrics, step=result.step, split="train")
     assert row["train/loss"] == 0.5
+    await backend.train(model, groups(), config=art.TrainConfig(loss="gspo"))
+    assert recorded.steps[-1][0].loss == "gspo"
     await model.train(groups())
     assert recorded.steps[-1][1] is True
     await backend.close()

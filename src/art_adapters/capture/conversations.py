@@ -43,7 +43,11 @@ def _content_key(content: Any) -> str:
 
 
 def message_key(message: Message) -> Key:
-    """What must match for two messages to be the same turn (formatting of JSON arguments and ids ignored)."""
+    """What must match for two messages to be the same turn (formatting of JSON arguments and ids ignored).
+
+    An assistant turn's `name` is ignored: agents built with a name (LangChain's `create_agent(name=...)`, which
+    supervisor and swarm libraries require) get each answer echoed back under that name, while the engine's
+    answer carries none; it is the same turn."""
     calls = tuple(
         (
             str((c.get("function") or {}).get("name", "")),
@@ -51,7 +55,9 @@ def message_key(message: Message) -> Key:
         )
         for c in message.get("tool_calls") or []
     )
-    return (message.get("role"), _content_key(message.get("content")), calls, message.get("name"))
+    role = message.get("role")
+    name = None if role == "assistant" else message.get("name")
+    return (role, _content_key(message.get("content")), calls, name)
 
 
 class Conversation:

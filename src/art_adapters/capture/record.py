@@ -102,7 +102,7 @@ class Exchange:
             if body is None:
                 body, message = self._parse(message, early, bool(request.get("stream")))
             if body is not None:
-                fields = _FIELDS.get(self.kind, body_fields)(body)
+                fields = _FIELDS.get(self.kind, body_fields)(body, bool(request.get("stream")))
         call = LLMCall(
             request=request,
             url=str(self.url),
@@ -155,7 +155,7 @@ class Exchange:
         return body, error
 
 
-def body_fields(body: dict[str, Any]) -> dict[str, Any]:
+def body_fields(body: dict[str, Any], streamed: bool = False) -> dict[str, Any]:
     """LLMCall fields of a (reassembled) completion body: the body itself and its vLLM token ids / logprobs."""
     choices = body.get("choices") or []
     prompt_ids = body.get("prompt_token_ids")
@@ -180,12 +180,12 @@ def body_fields(body: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def responses_fields(body: dict[str, Any]) -> dict[str, Any]:
+def responses_fields(body: dict[str, Any], streamed: bool = False) -> dict[str, Any]:
     """LLMCall fields of a Responses API body: the body and vLLM's token ids / output logprobs."""
-    return {"response": body, **token_fields(body)}
+    return {"response": body, **token_fields(body, streamed=streamed)}
 
 
-def messages_fields(body: dict[str, Any]) -> dict[str, Any]:
+def messages_fields(body: dict[str, Any], streamed: bool = False) -> dict[str, Any]:
     """LLMCall fields of an Anthropic Messages body: the body only (no token ids on this API)."""
     return {"response": body}
 

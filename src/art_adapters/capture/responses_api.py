@@ -28,24 +28,34 @@ def ask_token_ids(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def token_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """LLMCall fields of a Responses body: prompt ids, sampled ids and their logprobs (None where not given;
-    logprobs only when every sampled token has one, i.e. the answer was text)."""
+def token_fields(body: dict[str, Any], *, streamed: bool = False) -> dict[str, Any]:
+    """LLMCall fields of a Responses body: prompt ids, sampled ids and their logprobs (None where not known).
+
+    vLLM attaches the logprobs of every sampled token (reasoning and tool-call tokens too) to the answer's text,
+    so a list as long as the sampled ids is aligned whatever the output items. Shorter lists: a stream drops the
+    logprobs of every step whose text delta is empty (the stop token; a byte in the middle of a multi-byte
+    character), so a stream's list is trusted only when the stop token alone is missing; a JSON answer's tail
+    can lack the stop token and a last character cut by the token limit. Anything else is unaligned: None (the
+    trainer counts those tokens as `ratio_missing_tokens`), never shifted onto the wrong tokens."""
     prompt = _tokens(body.get("input_messages"), first_only=True)
     completion = _tokens(body.get("output_messages"), first_only=False)
-    logprobs: list[float] | None = []
+    logprobs: list[float] = []
     for item in body.get("output") or []:
         for part in item.get("content") or [] if isinstance(item, dict) else []:
             for entry in (part.get("logprobs") or []) if isinstance(part, dict) else []:
                 logprobs.append(float(entry.get("logprob")))  # type: ignore[union-attr]
-    text_only = all(isinstance(i, dict) and i.get("type") == "message" for i in body.get("output") or [])
-    if completion is not None and logprobs and text_only and len(logprobs) < len(completion):
-        # the tail's logprobs are not output: the stop token's, and those of a last character whose bytes were
-        # cut by the token limit (held back from the text); unknown, NaN (trained with the on-policy ratio)
-        logprobs += [float("nan")] * (len(completion) - len(logprobs))
-    if completion is None or len(logprobs or []) != len(completion):
-        logprobs = None
-    return {"prompt_token_ids": prompt, "completion_token_ids": completion, "logprobs": logprobs}
+    aligned: list[float] | None = None
+    if completion is not None and logprobs:
+        missing = len(completion) - len(logprobs)
+        text_only = all(isinstance(i, dict) and i.get("type") == "message" for i in body.get("output") or [])
+        stopped = body.get("status") == "completed"
+        if missing == 0:
+            aligned = logprobs
+        elif text_only and missing > 0 and (not streamed or (missing == 1 and stopped)):
+            aligned = (
+                logprobs + [float("nan")] * missing
+            )  # unknown tail: NaN (trained with the on-policy ratio)
+    return {"prompt_token_ids": prompt, "completion_token_ids": completion, "logprobs": aligned}
 
 
 def _tokens(messages: Any, *, first_only: bool) -> list[int] | None:

@@ -35,12 +35,29 @@ def unreproducible_settings(request: dict[str, Any]) -> list[str]:
         if request.get(key):
             found.append(key)
     response_format = request.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
+    if isinstance(response_format, dict) and response_format.get("type") in _GRAMMARS:
         found.append("response_format")
+    text = request.get("text")  # the Responses API's output format
+    text_format = text.get("format") if isinstance(text, dict) else None
+    if isinstance(text_format, dict) and text_format.get("type") in _GRAMMARS:
+        found.append("text.format")
     tool_choice = request.get("tool_choice")
     if tool_choice == "required" or isinstance(tool_choice, dict):
         found.append("tool_choice")
+    if any(_strict(tool) for tool in request.get("tools") or []):
+        found.append("strict tools")  # vLLM enforces their schema once the model opens a tool call
     return found
+
+
+_GRAMMARS = ("json_object", "json_schema", "structural_tag")
+
+
+def _strict(tool: Any) -> bool:
+    """A function tool with `"strict": true`, in chat form (`function.strict`) or Responses form (`strict`)."""
+    if not isinstance(tool, dict):
+        return False
+    function = tool.get("function")
+    return tool.get("strict") is True or (isinstance(function, dict) and function.get("strict") is True)
 
 
 def sampling_note(request: dict[str, Any]) -> dict[str, Any]:

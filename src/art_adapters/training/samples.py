@@ -9,10 +9,11 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
+from ..capture.conversations import message_key
 from ..capture.sampling import unreproducible_settings
 from ..sources import CallSource
 from ..trajectories import History, LLMCall, Tools, Trajectory, messages_of
@@ -26,7 +27,9 @@ NAN = float("nan")
 @dataclass
 class Sample:
     """One sampled completion and the exact prompt it was sampled from. `excluded`: why its logprobs are not of a
-    distribution the trainer reproduces (they are dropped: NaN, no importance ratio), or None."""
+    distribution the trainer reproduces (they are dropped: NaN, no importance ratio), or None. `origin`: where its
+    ids come from: a call our transport recorded from the engine's answer ("captured"), a Choice the rollout
+    supplied ("choice"), or re-rendered text ("text", only with `train_retokenized_text`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -35,7 +38,12 @@ class Sample:
     excluded: str | None = None
     source: CallSource | None = None
     trained: bool = True  # False: chained as context only (its call is not among `train_on`)
-    sampled: bool = True  # False: re-tokenized text (only with `train_retokenized_text`)
+    origin: Literal["captured", "choice", "text"] = "captured"
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the ids were sampled by an engine (False only for re-tokenized text)."""
+        return self.origin != "text"
 
 
 def samples_of(
@@ -71,31 +79,57 @@ def samples_of(
     for history in histories:
         samples += _samples_of_choices(history.messages_and_choices, history.tools, tokenizer, seen)
     if train_retokenized_text:
+        covered = {
+            message_key(message)
+            for history in histories
+            for call in history.llm_calls
+            if call.completion_token_ids and (message := call.response_message()) is not None
+        }
         for history in histories:
-            samples += _retokenized_turns(history, tokenizer)
+            samples += _retokenized_turns(history, tokenizer, covered)
     return samples
 
 
-def _retokenized_turns(history: History | Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
+def _retokenized_turns(
+    history: History | Trajectory, tokenizer: ChatTokenizer, covered: set[tuple[Any, ...]]
+) -> list[Sample]:
     """Assistant turns without sampled ids (plain message dicts, or Choices of a server that gave none, such as
-    Anthropic's Messages API), rendered by the chat template."""
+    Anthropic's Messages API), rendered by the chat template; a turn a captured call already answered with
+    sampled ids (its message in `covered`) is that call's sample, not trained twice."""
     plain = [
         i
         for i, item in enumerate(history.messages_and_choices)
         if (isinstance(item, dict) and item.get("role") == "assistant" and "token_ids" not in item)
         or (isinstance(item, Choice) and _extra(item, "token_ids") is None)
     ]
-    if not plain:
-        return []
     messages = history.messages()
     out = []
     for i in plain:
-        prefix = chat_template_ids(tokenizer, messages[:i], history.tools)
-        full = chat_template_ids(tokenizer, messages[: i + 1], history.tools, add_generation_prompt=False)
-        if full[: len(prefix)] == prefix and len(full) > len(prefix):
-            n = len(full) - len(prefix)
-            out.append(Sample(prefix, full[len(prefix) :], [NAN] * n, 1.0, sampled=False))
+        if message_key(messages[i]) in covered:
+            continue
+        turn = rendered_turn(tokenizer, messages, i, history.tools)
+        if turn is not None:
+            prefix, completion = turn
+            out.append(Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text"))
     return out
+
+
+def rendered_turn(
+    tokenizer: ChatTokenizer, messages: list[dict[str, Any]], i: int, tools: Tools | None
+) -> tuple[list[int], list[int]] | None:
+    """Assistant turn `i` as the template renders it: (prompt ids, the turn's ids up to and including its
+    end-of-turn token); the template's tokens after it (Qwen's newline) belong to the next prompt, not to what a
+    model would sample. None when the turn does not extend its prompt under the template."""
+    prefix = chat_template_ids(tokenizer, messages[:i], tools)
+    full = chat_template_ids(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+    if full[: len(prefix)] != prefix or len(full) == len(prefix):
+        log.warning("assistant turn %d does not extend its prompt under the chat template; skipped", i)
+        return None
+    completion = full[len(prefix) :]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos in completion:
+        completion = completion[: len(completion) - completion[::-1].index(eos)]
+    return prefix, completion
 
 
 def excluded_reason(request: dict[str, Any], logprobs_mode: str | None) -> str | None:
@@ -202,6 +236,7 @@ def _samples_of_choices(
                 logprobs=_aligned(None if excluded else logprobs, len(token_ids)),
                 temperature=temperature,
                 excluded=excluded,
+                origin="choice",
             )
         )
     return samples
@@ -233,14 +268,12 @@ def sft_samples(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample
     for history in histories:
         messages = history.messages()
         for i, message in enumerate(messages):
-            if message.get("role") != "assistant":
-                continue
-            prefix = chat_template_ids(tokenizer, messages[:i], history.tools)
-            full = chat_template_ids(tokenizer, messages[: i + 1], history.tools, add_generation_prompt=False)
-            if full[: len(prefix)] != prefix or len(full) == len(prefix):
-                log.warning(
-                    "assistant turn %d does not extend its prompt under the chat template; skipped", i
-                )
-                continue
-            samples.append(Sample(prefix, full[len(prefix) :], [NAN] * (len(full) - len(prefix)), 1.0))
+            turn = (
+                rendered_turn(tokenizer, messages, i, history.tools)
+                if message.get("role") == "assistant"
+                else None
+            )
+            if turn is not None:
+                prefix, completion = turn
+                samples.append(Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text"))
     return samples

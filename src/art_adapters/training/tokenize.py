@@ -7,6 +7,7 @@ Re-tokenization happens only for context (a hand-built Choice without prompt ids
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from ..sources import CallSource, SplitBy
@@ -43,9 +44,10 @@ class TrainSequence:
 
     `trained_mask[i]` is 1 where `input_ids[i]` was sampled by the engine (its logprob is `sampled_logprobs[i]`,
     NaN when the engine returned none); 0 for prompt, tool, template, truncated tokens and calls left out by
-    `train_on`. `roles[i]`: the role of the call a trained token came from (`CallSource.key("role")`), so per-role
-    rewards can give it its own advantage (`role_advantages`); `sampled[i]` is False only for re-tokenized text
-    trained on request (`TrainConfig.train_retokenized_text`).
+    `train_on`. `roles[i]`: the names the call a trained token came from answers to as a role
+    (`CallSource.role_names()`, most specific first), so per-role rewards can give it its own advantage
+    (`role_advantages`); `sampled[i]` is False only for re-tokenized text trained on request
+    (`TrainConfig.train_retokenized_text`).
     """
 
     input_ids: list[int]
@@ -55,8 +57,9 @@ class TrainSequence:
     advantage: float = 0.0
     group_index: int = 0
     trajectory_index: int = 0
-    roles: list[str | None] = field(default_factory=list)
+    roles: list[tuple[str, ...]] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)
+    captured: list[bool] = field(default_factory=list)
     role_advantages: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -70,10 +73,18 @@ class TrainSequence:
     def num_trained_sampled(self) -> int:
         return sum(1 for m, s in zip(self.trained_mask, self.sampled, strict=True) if m and s)
 
+    @property
+    def num_trained_captured(self) -> int:
+        return sum(1 for m, c in zip(self.trained_mask, self.captured, strict=True) if m and c)
+
     def advantage_at(self, position: int) -> float:
-        """The advantage of the trained token at `position`: its role's, when the step has per-role rewards."""
-        role = self.roles[position] if self.roles else None
-        return self.role_advantages.get(role, self.advantage) if role is not None else self.advantage
+        """The advantage of the trained token at `position`: its role's (the first of its role names with a
+        per-role reward), when the step has per-role rewards."""
+        if self.role_advantages and self.roles:
+            for role in self.roles[position]:
+                if role in self.role_advantages:
+                    return self.role_advantages[role]
+        return self.advantage
 
 
 @dataclass
@@ -85,12 +96,21 @@ class TokenizedTrajectory:
     excluded_tokens: int = 0  # sampled tokens trained without an importance ratio (see Sample.excluded)
     excluded_reasons: set[str] = field(default_factory=set)
     left_out_tokens: int = 0  # sampled tokens of calls `train_on` did not choose (context only)
+    missing_tokens: int = 0  # trained tokens whose sampled logprob the engine did not return (ratio 1)
+    sources: list[CallSource] = field(default_factory=list)  # where the trajectory's samples came from
 
     @property
     def sampled_token_fraction(self) -> float:
         """Trained tokens the engine sampled / trained tokens (1.0 unless re-tokenized text was asked for)."""
         trained = sum(s.num_trained for s in self.sequences)
         return sum(s.num_trained_sampled for s in self.sequences) / trained if trained else 1.0
+
+    @property
+    def captured_token_fraction(self) -> float:
+        """Trained tokens whose ids our transport recorded from the engine's answer / trained tokens; the rest
+        came from Choices the rollout supplied (trusted as sampled) or re-tokenized text."""
+        trained = sum(s.num_trained for s in self.sequences)
+        return sum(s.num_trained_captured for s in self.sequences) / trained if trained else 1.0
 
 
 TRAIN_ON_KEYS: dict[str, SplitBy] = {"nodes": "node", "agents": "agent", "roles": "role"}
@@ -143,12 +163,15 @@ def tokenize_trajectory(
     out = sequences_from_samples(
         samples, max_seq_len=max_seq_len, group_index=group_index, trajectory_index=trajectory_index
     )
+    out.sources = [sample.source for sample in samples if sample.source is not None]
     for sample in samples:
         if not sample.trained:
             out.left_out_tokens += len(sample.completion_ids)
         elif sample.excluded:
             out.excluded_tokens += len(sample.completion_ids)
             out.excluded_reasons.add(sample.excluded)
+        elif sample.sampled:
+            out.missing_tokens += sum(1 for x in sample.logprobs if math.isnan(x))
     for sequence in out.sequences:
         sequence.advantage = advantage
     if not out.sequences:
@@ -180,12 +203,13 @@ def sequences_from_samples(
             sequences.append(sequence)
         context = sample.prompt_ids[len(sequence.input_ids) :]
         n = len(sample.completion_ids)
-        role = sample.source.key("role") if sample.source is not None else None
+        role = sample.source.role_names() if sample.source is not None else ()
         sequence.input_ids += context + sample.completion_ids
         sequence.trained_mask += [0] * len(context) + [int(sample.trained)] * n
         sequence.sampled_logprobs += [NAN] * len(context) + sample.logprobs
-        sequence.roles += [None] * len(context) + [role] * n
+        sequence.roles += [()] * len(context) + [role] * n
         sequence.sampled += [True] * len(context) + [sample.sampled] * n
+        sequence.captured += [True] * len(context) + [sample.origin == "captured"] * n
 
     out = TokenizedTrajectory()
     for sequence in sequences:
@@ -193,7 +217,7 @@ def sequences_from_samples(
             out.truncated_tokens += sum(sequence.trained_mask[max_seq_len:])
             del sequence.input_ids[max_seq_len:], sequence.trained_mask[max_seq_len:]
             del sequence.sampled_logprobs[max_seq_len:], sequence.roles[max_seq_len:]
-            del sequence.sampled[max_seq_len:]
+            del sequence.sampled[max_seq_len:], sequence.captured[max_seq_len:]
         # Position 0 has no prefix to predict it from, so it is never trained.
         if sequence.trained_mask and sequence.trained_mask[0]:
             sequence.trained_mask[0] = 0

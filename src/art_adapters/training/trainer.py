@@ -17,12 +17,14 @@ from typing import Any, Literal
 import torch
 
 from ..config import LoRAConfig, SFTConfig, TrainConfig
+from ..sources import CallSource
 from ..trajectories import Trajectory, TrajectoryGroup
 from . import adapter_io
 from .batching import pack_micro_batches, trajectory_of
 from .loss import StepTotals, group_advantages, policy_loss, role_advantages
 from .quiet import quiet_loading
 from .tokenize import (
+    TRAIN_ON_KEYS,
     TokenizationError,
     TrainSequence,
     sequences_from_samples,
@@ -216,7 +218,9 @@ class Trainer:
     def prepare(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> tuple[list[TrainSequence], Metrics]:
-        """Tokenize every group and attach each trajectory's group advantage (groups never mix)."""
+        """Attach each trajectory's group advantage, computed over the whole group (a trajectory that trains no
+        token, say one that never reached a `train_on` node, still counts in its group's baseline), then tokenize
+        every trajectory (groups never mix)."""
         rewards = [t.reward for g in groups for t in g.trajectories]
         metrics: Metrics = {
             "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
@@ -229,15 +233,22 @@ class Trainer:
             "trained_tokens": 0,
             "truncated_tokens": 0,
             "ratio_excluded_tokens": 0,
+            "ratio_missing_tokens": 0,
             "left_out_tokens": 0,
         }
         excluded_reasons: set[str] = set()
         sequences: list[TrainSequence] = []
         fractions: list[float] = []
+        captured: list[float] = []
+        unmatched = _Unmatched(config.train_on)
         for g, group in enumerate(groups):
-            group_advantages([t.reward for t in group.trajectories], group_index=g)  # NaN/inf -> error
-            tokenized: list[tuple[Trajectory, list[TrainSequence]]] = []
-            for i, trajectory in enumerate(group.trajectories):
+            trajectories = group.trajectories
+            advantages = group_advantages(
+                [t.reward for t in trajectories], scale_rewards=config.scale_rewards, group_index=g
+            )
+            by_role = role_advantages(trajectories, config.scale_rewards, g)
+            tokenized: list[tuple[int, list[TrainSequence]]] = []
+            for i, trajectory in enumerate(trajectories):
                 out = tokenize_trajectory(
                     trajectory,
                     self.tokenizer,
@@ -249,32 +260,33 @@ class Trainer:
                     train_on=dict(config.train_on) if config.train_on else None,
                     train_retokenized_text=config.train_retokenized_text,
                 )
+                unmatched.saw(trajectory, out.sources)
                 metrics["truncated_tokens"] += out.truncated_tokens
                 metrics["ratio_excluded_tokens"] += out.excluded_tokens
+                metrics["ratio_missing_tokens"] += out.missing_tokens
                 metrics["left_out_tokens"] += out.left_out_tokens
                 excluded_reasons |= out.excluded_reasons
                 if out.skipped:
                     metrics["skipped_trajectories"] += 1
                 else:
                     trajectory.metrics["sampled_token_fraction"] = out.sampled_token_fraction
+                    trajectory.metrics["captured_token_fraction"] = out.captured_token_fraction
                     fractions.append(out.sampled_token_fraction)
-                    tokenized.append((trajectory, out.sequences))
+                    captured.append(out.captured_token_fraction)
+                    tokenized.append((i, out.sequences))
             if not tokenized:
                 metrics["groups_without_samples"] += 1
                 continue
-            advantages = group_advantages(
-                [t.reward for t, _ in tokenized], scale_rewards=config.scale_rewards, group_index=g
-            )
-            by_role = role_advantages([t for t, _ in tokenized], config.scale_rewards, g)
             if advantages is None and not any(any(values) for values in by_role.values()):
                 metrics["skipped_groups"] += 1
                 continue
-            for k, (_, seqs) in enumerate(tokenized):
+            for i, seqs in tokenized:
                 for sequence in seqs:
-                    sequence.advantage = advantages[k] if advantages is not None else 0.0
-                    sequence.role_advantages = {role: values[k] for role, values in by_role.items()}
+                    sequence.advantage = advantages[i] if advantages is not None else 0.0
+                    sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
                     sequences.append(sequence)
         metrics["sampled_token_fraction"] = min(fractions, default=1.0)
+        metrics["captured_token_fraction"] = min(captured, default=1.0)
         if metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
             raise TokenizationError(
                 f"sampled_token_fraction is {metrics['sampled_token_fraction']:.4f}: some trained tokens were not "
@@ -289,6 +301,13 @@ class Trainer:
                 metrics["ratio_excluded_tokens"],
                 "; ".join(sorted(excluded_reasons)),
             )
+        if metrics["ratio_missing_tokens"]:
+            log.warning(
+                "%d trained tokens have no sampled logprob (the engine returned none for them, e.g. Responses API "
+                "tool calls): trained without an importance ratio (on-policy weight 1)",
+                metrics["ratio_missing_tokens"],
+            )
+        unmatched.warn()
         return sequences, metrics
 
     def _micro_batch_loss(
@@ -408,6 +427,36 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
     if not groups or not metrics["trajectories"]:
         parts.append("no trajectories were given")
     return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
+
+
+class _Unmatched:
+    """Names in `train_on` and keys of `rewards_by_role` that match no call (a typo trains nothing, silently)."""
+
+    def __init__(self, train_on: dict[str, list[str]] | None) -> None:
+        self.train_on = {key: set(names) for key, names in (train_on or {}).items()}
+        self.role_keys: set[str] = set()
+        self.matched_roles: set[str] = set()
+
+    def saw(self, trajectory: Trajectory, sources: list[CallSource]) -> None:
+        for key, names in self.train_on.items():
+            by = TRAIN_ON_KEYS[key]
+            names -= {name for name in names if any(s.matches(by, {name}) for s in sources)}
+        for role in trajectory.rewards_by_role:
+            self.role_keys.add(role)
+            if any(s.matches("role", {role}) for s in sources):
+                self.matched_roles.add(role)
+
+    def warn(self) -> None:
+        parts = [f"train_on[{key!r}] {sorted(names)}" for key, names in self.train_on.items() if names]
+        roles = sorted(self.role_keys - self.matched_roles)
+        if roles:
+            parts.append(f"rewards_by_role keys {roles}")
+        if parts:
+            log.warning(
+                "%s match no captured call in this step (a call matches by its role, agent, node name or node "
+                "path; see CallSource.role_names)",
+                " and ".join(parts),
+            )
 
 
 def _std(values: list[float]) -> float:
