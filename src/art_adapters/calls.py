@@ -12,6 +12,25 @@ from .sources import CallSource
 Message = dict[str, Any]
 Tools = list[dict[str, Any]]
 EndpointKind = Literal["chat", "completions", "responses", "messages"]
+# What our inference gateway says of every answer: the policy version (training step) that sampled it and the
+# immutable adapter that served it (`{project}/{name}@{step}`).
+VERSION_HEADER, SERVED_HEADER = "x-art-policy-version", "x-art-served-model"
+
+
+def policy_token_spans(version: int | None, served: str | None, tokens: int) -> list[dict[str, Any]]:
+    """ART's `policy_token_spans`: half-open intervals of a completion's tokens, each sampled by one policy version.
+    A served version is immutable while a request runs, so one span covers the whole completion."""
+    if version is None or tokens <= 0:
+        return []
+    return [
+        {
+            "start_token": 0,
+            "end_token": tokens,
+            "policy_version": version,
+            "lora_slot": served or "",
+            "update_seq": 0,
+        }
+    ]
 
 
 def endpoint_kind(path: str) -> EndpointKind | None:
@@ -55,6 +74,11 @@ class LLMCall(BaseModel):
     latency_s: float = 0.0
     error: str | None = None
     source: CallSource = Field(default_factory=CallSource)
+    policy_version: int | None = Field(
+        None,
+        description="The training step whose weights sampled this call (from our gateway; None elsewhere).",
+    )
+    served_model: str | None = Field(None, description="The immutable adapter that served it (`name@step`).")
 
     @property
     def ended_at(self) -> float:
@@ -89,6 +113,15 @@ class LLMCall(BaseModel):
             choice = _api_view(self.api).chat_choice(self.response)
             return [choice] if choice is not None else []
         return [c for c in self.response.get("choices") or [] if isinstance(c, dict)]
+
+    def policy_token_spans(self, index: int = 0) -> list[dict[str, Any]]:
+        """ART's form of `policy_version` for choice `index`: which version sampled which of its tokens."""
+        ids = (
+            self.completion_token_ids
+            if index == 0
+            else next((c.token_ids for c in self.other_choices if c.index == index), None)
+        )
+        return policy_token_spans(self.policy_version, self.served_model, len(ids or []))
 
     def response_message(self, index: int = 0) -> Message | None:
         """The assistant message of choice `index`, as a request-ready dict (None if the call failed)."""

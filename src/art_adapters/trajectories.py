@@ -165,6 +165,12 @@ class Trajectory(BaseModel):
                                 messages_and_choices=items, tools=tools, llm_calls=list(conversation.calls)
                             )
                         )
+        versions = [c.policy_version for c in self.llm_calls if c.policy_version is not None]
+        if versions:  # ART's record of the policies a rollout was sampled by
+            if self.initial_policy_version is None:
+                self.initial_policy_version = min(versions)
+            if self.final_policy_version is None:
+                self.final_policy_version = max(versions)
         self.end_time = self.end_time or time.time()
         self.metrics["duration"] = self.end_time - self.start_time
         return self

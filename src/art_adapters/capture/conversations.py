@@ -113,6 +113,9 @@ def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
             data["prompt_token_ids"] = call.prompt_token_ids
         if call.api == "responses" and call.completion_token_ids is not None:
             data.setdefault("token_ids", call.completion_token_ids)
+        if call.policy_version is not None:
+            data.setdefault("policy_version", call.policy_version)
+            data.setdefault("policy_token_spans", call.policy_token_spans(index))
         try:
             return Choice.model_validate(data)
         except ValidationError:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from ..calls import SERVED_HEADER, VERSION_HEADER
 from ..trajectories import LLMCall, SampledChoice, Trajectory
 from .anthropic_api import final_message
 from .frameworks import source_of_context, with_handoffs
@@ -113,6 +114,7 @@ class Exchange:
             logprobs_mode=self.logprobs_mode,
             error=message,
             source=with_handoffs(self.source, [c.source for c in self.trajectory.llm_calls]),
+            **served_version(self.headers),
             **fields,
         )
         _insert(self.trajectory.llm_calls, call)
@@ -153,6 +155,14 @@ class Exchange:
         if not isinstance(body, dict):
             return None, error or f"unexpected JSON response: {raw[:200]!r}"
         return body, error
+
+
+def served_version(headers: httpx.Headers | None) -> dict[str, Any]:
+    """The policy version and adapter our gateway names in an answer's headers (nothing from other servers)."""
+    version = headers.get(VERSION_HEADER) if headers is not None else None
+    if version is None or not version.isdigit():
+        return {}
+    return {"policy_version": int(version), "served_model": headers.get(SERVED_HEADER)}  # type: ignore[union-attr]
 
 
 def body_fields(body: dict[str, Any], streamed: bool = False) -> dict[str, Any]:

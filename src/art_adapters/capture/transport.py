@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from ..calls import endpoint_kind
-from .record import Exchange, decode
+from ..calls import endpoint_kind, policy_token_spans
+from .record import Exchange, decode, served_version
 from .responses_api import ask_token_ids as ask_responses_token_ids
 from .sampling import sampling_note
 from .scope import CURRENT
@@ -91,8 +91,11 @@ def _annotated(
             response.status_code, headers=response.headers, content=raw, extensions=response.extensions
         )
     note = sampling_note(request or {})
+    served = served_version(response.headers)
     choices = [
-        {**c, "prompt_token_ids": ids, "sampling": note} if isinstance(c, dict) else c
+        {**c, "prompt_token_ids": ids, "sampling": note, **_versioned(c, served)}
+        if isinstance(c, dict)
+        else c
         for c in body["choices"]  # type: ignore[index]
     ]
     content = json.dumps({**body, "choices": choices}).encode()  # type: ignore[dict-item]
@@ -100,6 +103,16 @@ def _annotated(
     return type(response)(
         response.status_code, headers=headers, content=content, extensions=response.extensions
     )
+
+
+def _versioned(choice: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    """ART's per-choice record of the policy that sampled it (`policy_token_spans`), where our gateway said."""
+    if not served:
+        return {}
+    spans = policy_token_spans(
+        served["policy_version"], served["served_model"], len(choice.get("token_ids") or [])
+    )
+    return {"policy_version": served["policy_version"], "policy_token_spans": spans}
 
 
 def _json_or_none(body: bytes) -> dict[str, Any] | None:
