@@ -37,6 +37,15 @@ async def served_names(server: VLLMServer) -> set[str]:
     return {m["id"] for m in r.json()["data"]}
 
 
+async def gateway_names(model: art.Model) -> set[str]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.get(
+            f"{model.inference_base_url}/models",
+            headers={"authorization": f"Bearer {model.inference_api_key}"},
+        )
+    return {m["id"] for m in r.json()["data"]}
+
+
 @aio
 async def test_register_writes_layout_and_serves_the_base_policy_as_step_0(
     registered: tuple[LocalBackend, art.TrainableModel], vllm_server: VLLMServer
@@ -49,14 +58,19 @@ async def test_register_writes_layout_and_serves_the_base_policy_as_step_0(
     ).read_text()
     assert (folder / "checkpoints" / "0000" / "adapter_config.json").is_file()
     assert await model.get_step() == 0
-    assert {"local/agent", "local/agent@0", "agent", "agent@0"} <= await served_names(vllm_server)
+    # vLLM serves the version; the gateway in front of it, the model's names (the bare one too: no other project)
+    assert "local/agent@0" in await served_names(vllm_server) and "local/agent" not in await served_names(
+        vllm_server
+    )
+    assert {"local/agent", "agent"} <= await gateway_names(model)
     assert model.get_inference_name() == "local/agent"
+    assert model.inference_base_url != vllm_server.base_url  # clients reach vLLM through the gateway only
     trainer = await backend.trainer(model)
     ids = trainer.tokenizer.apply_chat_template(MESSAGES, tokenize=True, return_dict=False) + [65, 66, 67]
     # Step 0 is a zero adapter: vLLM's logprobs equal the base model's (adapter disabled in the trainer).
     from art_adapters.backend.local import served_prompt_logprobs
 
-    served = await served_prompt_logprobs(vllm_server, "agent", ids)
+    served = await served_prompt_logprobs(vllm_server, "local/agent@0", ids)
     with trainer.model.disable_adapter():
         base = trainer.logprobs_of(ids)
     assert max(abs(a - b) for a, b in zip(served, base, strict=True)) <= 1e-4

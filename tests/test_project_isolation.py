@@ -16,6 +16,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.train]
 aio = pytest.mark.asyncio(loop_scope="session")
 
 
+async def bare(model: art.TrainableModel) -> httpx.Response:
+    """A chat request for the bare name `model.name`, through the model's endpoint (the server's gateway)."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await client.post(
+            f"{model.inference_base_url}/chat/completions",
+            headers={"authorization": f"Bearer {model.inference_api_key}"},
+            json={"model": model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
+
+
 @aio
 async def test_same_model_name_in_two_projects_serves_each_its_own_weights(
     vllm_server: VLLMServer, tmp_path: Path
@@ -29,12 +39,12 @@ async def test_same_model_name_in_two_projects_serves_each_its_own_weights(
     ]
     try:
         await models[0].register(backends[0])
-        assert (
-            models[0].get_inference_name() == "alpha/twin" and "twin" in vllm_server.loras
-        )  # alone: bare too
+        assert models[0].get_inference_name() == "alpha/twin"
+        assert (await bare(models[0])).headers["x-art-served-model"] == "alpha/twin@0"  # alone: bare too
         await models[1].register(backends[1])
         assert models[1].get_inference_name() == "beta/twin"
-        assert "twin" not in vllm_server.loras  # shared by two projects: withdrawn
+        shared = await bare(models[0])  # shared by two projects: withdrawn, a clear 404
+        assert shared.status_code == 404 and "more than one project" in shared.text
         # Interleaved steps with opposite preferences: the two adapters drift apart.
         for model, backend, rewards in [
             (models[0], backends[0], [1.0, 0.0, 1.0, 0.0]),
@@ -59,13 +69,9 @@ async def test_same_model_name_in_two_projects_serves_each_its_own_weights(
         a_trainer, b_trainer = await backends[0].trainer(models[0]), await backends[1].trainer(models[1])
         a, b = a_trainer.logprobs_of(ids), b_trainer.logprobs_of(ids)
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) > 1e-3  # and the two really differ
-        async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.post(
-                f"{vllm_server.base_url}/chat/completions",
-                headers=vllm_server.headers,
-                json={"model": "twin", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-            )
-        assert r.status_code == 404
+        assert (await bare(models[1])).status_code == 404
+        await backends[0].close()  # one project goes: the bare name is the other's alone again
+        assert (await bare(models[1])).headers["x-art-served-model"] == "beta/twin@1"
     finally:
         for backend in backends:
             await backend.close()

@@ -243,8 +243,9 @@ async def test_streaming_chat_and_models_through_proxy(served: str) -> None:
     assert text == "echo: a long enough message"
     async with httpx.AsyncClient(headers={"authorization": "Bearer server-key"}) as client:
         listed = (await client.get(f"{served}/v1/models")).json()
-    # the upstream serves only its base model, which is not this server's to offer: nothing is listed
-    assert listed == {"object": "list", "data": []}
+    # the registered model's names, from the server's own table: never the upstream's base model or its paths
+    assert [m["id"] for m in listed["data"]] == ["agent-1", "proj/agent-1"]
+    assert set(listed["data"][0]) == {"id", "object", "owned_by"}
 
 
 async def test_proxy_swaps_in_the_upstream_key(fake: FakeBackend) -> None:

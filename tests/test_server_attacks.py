@@ -128,7 +128,8 @@ def test_a_model_the_server_did_not_register_is_refused(served: str, upstream: S
             body = {**CHAT, **({"model": name} if name else {})}
             refused = admin.post("/v1/chat/completions", json=body)
             assert refused.status_code == 404 and "not registered on this server" in refused.text
-        assert admin.get("/v1/models").json()["data"] == []  # the upstream's base model is not offered
+        listed = [m["id"] for m in admin.get("/v1/models").json()["data"]]
+        assert listed == ["agent-1", "proj/agent-1"]  # the upstream's base model is not offered
     assert upstream.requests == []
 
 
@@ -152,3 +153,150 @@ def test_base_models_already_on_disk_are_allowed_by_default(tmp_path: Path, upst
     with running(create_app(fake, api_key=ADMIN)) as url, as_user(url, ADMIN) as admin:
         assert register(admin, base_model="disk-model").status_code == 200
         assert register(admin, base_model="tiny").status_code == 403  # not on disk, not allowed at start
+
+
+def deep(levels: int) -> dict[str, Any]:
+    inner: dict[str, Any] = {}
+    top = inner
+    for _ in range(levels):
+        inner["a"] = {}
+        inner = inner["a"]
+    return top
+
+
+def test_engine_fields_deep_nesting_and_odd_bodies_never_reach_the_engine(
+    served: str, upstream: ScriptedServer
+) -> None:
+    """A 1.9 kB body with `kv_transfer_params` nested 900 deep killed vLLM for good; bodies nested 100,000 deep and
+    a non-string `model` answered 500. Each is now a clear 4xx before anything is sent upstream, and the
+    engine-internal fields of an ordinary request are dropped on the way."""
+    with as_user(served, ADMIN) as admin:
+        assert register(admin).status_code == 200
+    with as_user(served, INFERENCE) as worker:
+        attack = {"model": "agent-1", **CHAT, "kv_transfer_params": deep(900)}
+        assert len(json.dumps(attack)) < 8000
+        refused = worker.post("/v1/chat/completions", json=attack)
+        assert refused.status_code == 400 and "nested deeper than 64" in refused.text
+        bomb = worker.post(
+            "/v1/chat/completions", content=b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        )
+        assert bomb.status_code == 400 and "nested deeper" in bomb.text
+        for model in (7, ["agent-1"], {"name": "agent-1"}):
+            odd = worker.post("/v1/chat/completions", json={"model": model, **CHAT})
+            assert odd.status_code == 400 and "'model' must be a string" in odd.text
+        assert worker.post("/v1/chat/completions", content=b"[1, 2]").status_code == 400
+        assert upstream.requests == []
+        internal = {
+            "kv_transfer_params": {"do_remote_prefill": True},
+            "ec_transfer_params": {"x": 1},
+            "vllm_xargs": {"k": 1},
+            "request_id": "someone-elses-id",
+            "chat_template": "{{ raise_exception('pwned') }}",
+        }
+        ok = worker.post("/v1/chat/completions", json={"model": "agent-1", **CHAT, **internal})
+        assert ok.status_code == 200
+    (sent,) = upstream.requests
+    assert not set(internal) & set(sent) and sent["model"] == "agent-1"
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ({"n": 16384, "max_tokens": 2000, "ignore_eos": True}, "n=16384 is over this server's limit of 64"),
+        ({"best_of": 65}, "n=65 is over"),
+        ({"n": 64, "max_tokens": 8192}, "asks for more than this server's 262144 output tokens"),
+        ({"n": -1}, "'n' must be a non-negative integer"),
+        ({"max_tokens": "lots"}, "'max_tokens' must be a non-negative integer"),
+    ],
+)
+def test_a_request_asking_for_unbounded_work_is_refused(
+    served: str, upstream: ScriptedServer, asked: dict[str, Any], message: str
+) -> None:
+    with as_user(served, ADMIN) as admin:
+        assert register(admin).status_code == 200
+    with as_user(served, INFERENCE) as worker:
+        refused = worker.post("/v1/chat/completions", json={"model": "agent-1", **CHAT, **asked})
+    assert refused.status_code == 400 and message in refused.text, refused.text
+    assert upstream.requests == []
+
+
+def test_names_are_checked_whole_and_leak_nothing(served: str, upstream: ScriptedServer) -> None:
+    """`re.match(...$)` let a trailing newline through; a 404 listed every registered model."""
+    with as_user(served, ADMIN) as admin:
+        assert register(admin).status_code == 200
+        assert register(admin, name="agent-1\n").status_code == 422
+        assert register(admin, project="proj\n").status_code == 422
+        for name in ("agent-1\n", "proj/agent-1\n", "other"):
+            refused = admin.post("/v1/chat/completions", json={"model": name, **CHAT})
+            assert refused.status_code == 404 and "registered:" not in refused.text
+        assert "agent-1" not in refused.text  # a wrong name learns nothing of the names that exist
+    assert upstream.requests == []
+    with pytest.raises(ValueError, match="must match"):
+        art.TrainableModel(name="agent\n", project="p", base_model="tiny")
+
+
+class TwoBaseModels(FakeBackend):
+    """Models of two base models, each served by its own engine (as LocalBackend runs one vLLM per base model),
+    under project-qualified names."""
+
+    def __init__(self, path: Path, engines: dict[str, str]) -> None:
+        super().__init__(path, "")
+        self.engines = engines
+
+    async def register(self, model: art.Model) -> Any:
+        endpoint = await super().register(model)
+        base_model = getattr(model, "base_model", "")
+        return endpoint.model_copy(
+            update={"base_url": self.engines[base_model], "model_name": f"{model.project}/{model.name}"}
+        )
+
+
+def test_two_projects_on_different_base_models_never_share_a_bare_name(tmp_path: Path) -> None:
+    """The bare `agent` went to whichever project registered last, so one project sampled (and trained on) the
+    other's adapter, on another tokenizer. Each project's name reaches its own engine; the bare name answers
+    while one project alone uses it, then a clear 404."""
+    with ScriptedServer(None, model="engine-a") as a, ScriptedServer(None, model="engine-b") as b:
+        backend = TwoBaseModels(tmp_path / "art", {"base-a": a.base_url, "base-b": b.base_url})
+        app = create_app(
+            backend, api_key=ADMIN, inference_key=INFERENCE, allowed_base_models=["base-a", "base-b"]
+        )
+        with running(app) as url, as_user(url, ADMIN) as admin:
+            assert register(admin, name="agent", project="alpha", base_model="base-a").status_code == 200
+            assert admin.post("/v1/chat/completions", json={"model": "agent", **CHAT}).status_code == 200
+            assert a.requests[-1]["model"] == "alpha/agent"
+            assert register(admin, name="agent", project="beta", base_model="base-b").status_code == 200
+            shared = admin.post("/v1/chat/completions", json={"model": "agent", **CHAT})
+            assert shared.status_code == 404 and "more than one project" in shared.text
+            for project, engine in (("alpha", a), ("beta", b)):
+                for suffix in ("", "@3"):
+                    asked = {"model": f"{project}/agent{suffix}", **CHAT}
+                    assert admin.post("/v1/chat/completions", json=asked).status_code == 200
+                    assert engine.requests[-1]["model"] == f"{project}/agent{suffix}"
+            listed = [m["id"] for m in admin.get("/v1/models").json()["data"]]
+            assert listed == ["alpha/agent", "beta/agent"]
+    assert len(a.requests) == 3 and len(b.requests) == 2
+
+
+def test_a_failed_registration_leaves_no_name_behind(served: str, fake: FakeBackend) -> None:
+    async def failing(model: art.Model) -> Any:
+        raise RuntimeError("engine failed to start")
+
+    fake.register = failing  # type: ignore[method-assign]
+    with as_user(served, ADMIN) as admin:
+        assert register(admin).status_code == 500
+        for name in ("agent-1", "proj/agent-1"):
+            assert admin.post("/v1/chat/completions", json={"model": name, **CHAT}).status_code == 404
+        assert admin.get("/v1/models").json()["data"] == []
+
+
+def test_engine_settings_are_refused_on_the_server_whatever_their_values(
+    served: str, fake: FakeBackend
+) -> None:
+    """`_internal_config.engine_args` in a raw register body reached vLLM's argv."""
+    with as_user(served, ADMIN) as admin:
+        for engine_args in ({"enforce_eager": True}, {"max_model_len": 64}):
+            raw = register(admin, _internal_config={"engine_args": engine_args})
+            assert raw.status_code == 403 and "the server's to choose" in raw.text
+        unknown = register(admin, _internal_config={"engine_args": {"extra_args": ["--trust-remote-code"]}})
+        assert unknown.status_code == 400 and "not supported" in unknown.text
+    assert [c for c in fake.calls if c[0] == "register"] == []

@@ -12,9 +12,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,15 +32,19 @@ KEY = "reliability-key"
 
 def _serve_main(argv: list[str]) -> None:
     from art_adapters.backend.server import serve
+    from art_adapters.testing import Reply
 
     port, path, delay, key = int(argv[0]), argv[1], float(argv[2]), argv[3]
-    with ScriptedServer(None) as inference:
+    answer_delay = float(argv[4]) if len(argv) > 4 else 0.0
+    script = Reply(content="late", delay_s=answer_delay) if answer_delay else None
+    with ScriptedServer([script] if script else None, cycle=bool(script)) as inference:
         backend = FakeBackend(path, inference.base_url, step_delay_s=delay)
         serve("127.0.0.1", port, key, backend=backend, log_level="warning", allowed_base_models=["tiny"])
 
 
-def start_server(port: int, path: Path, delay: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, __file__, str(port), str(path), str(delay), KEY])
+def start_server(port: int, path: Path, delay: float, answer_delay: float = 0.0) -> subprocess.Popen[bytes]:
+    command = [sys.executable, __file__, str(port), str(path), str(delay), KEY, str(answer_delay)]
+    proc = subprocess.Popen(command)
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
@@ -117,6 +123,76 @@ async def test_sigterm_lets_the_step_in_flight_finish(
     assert spawn[0].wait(30) in {0, -signal.SIGTERM}  # uvicorn re-raises the signal once shut down
     assert visible_checkpoints(root) == ["0001"]
     await backend.close()
+
+
+async def test_sigterm_ends_the_server_in_bounded_time_with_requests_in_flight(
+    tmp_path: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
+    """A request the engine answers in 5 minutes (a 32M-token queue) kept `serve` from stopping on SIGTERM."""
+    port = free_port()
+    spawn.append(start_server(port, tmp_path / "art", delay=0.0, answer_delay=300.0))
+    model = trainable()
+    await model.register(RemoteBackend(f"http://127.0.0.1:{port}", KEY))
+    headers = {"authorization": f"Bearer {KEY}"}
+    body = {"model": "agent-1", "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(headers=headers, timeout=600) as client:
+        pending = asyncio.create_task(client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body))
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        spawn[0].send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(spawn[0].wait, 60)
+        assert time.monotonic() - started < 30 and code in {0, -signal.SIGTERM}
+        with contextlib.suppress(httpx.HTTPError):
+            await pending
+
+
+def disconnect_recorder(stream_first: bytes | None) -> tuple[Any, dict[str, threading.Event]]:
+    """An upstream that answers nothing (or one chunk, then nothing) and notes when its client goes away."""
+    seen = {"started": threading.Event(), "gone": threading.Event()}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (message := await receive())["type"] == "http.request" and message.get("more_body"):
+            pass
+        seen["started"].set()
+        if stream_first is not None:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
+            await send({"type": "http.response.body", "body": stream_first, "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        seen["gone"].set()
+
+    return app, seen
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_client_that_goes_away_cancels_its_upstream_request(tmp_path: Path, streamed: bool) -> None:
+    """The engine stops generating for a client that left (before the answer's headers, or mid-stream): the
+    proxy closes its upstream request, which is how vLLM learns to abort it."""
+    app, seen = disconnect_recorder(b'data: {"choices": []}\n\n' if streamed else None)
+    with running(app) as engine:
+        fake = FakeBackend(tmp_path / "art", f"{engine}/v1")
+        with running(create_app(fake, api_key=KEY, allowed_base_models=["tiny"])) as url:
+            model = trainable()
+            await model.register(RemoteBackend(url, KEY))
+            body = {"model": "agent-1", "messages": [{"role": "user", "content": "hi"}], "stream": streamed}
+            async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=30) as client:
+                if streamed:
+                    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                        async for _ in response.aiter_raw():
+                            break  # one chunk, then walk away
+                else:
+                    with pytest.raises(httpx.ReadTimeout):
+                        await client.post(f"{url}/v1/chat/completions", json=body, timeout=1.0)
+            assert seen["started"].is_set()
+            assert await asyncio.to_thread(seen["gone"].wait, 10), "the upstream request outlived its client"
 
 
 async def test_server_down_is_a_clear_error() -> None:

@@ -179,11 +179,13 @@ async def test_lora_hot_load_replace_and_zero_adapter(
     served = {m["id"] for m in (await _models(vllm_server))}
     assert "t-step-2" in served and "t-step-1" not in served
 
-    # Re-using a name: loaded in place (the name never disappears), then the prefix cache is reset, so the new
-    # weights are served.
-    await vllm_server.load_lora("t-step-2", path_a)
+    # A served name is immutable: other weights under it are refused (a new version gets a new name); the same
+    # folder again is a no-op.
+    with pytest.raises(InferenceServerError, match="new version needs a new name"):
+        await vllm_server.load_lora("t-step-2", path_a)
+    assert await vllm_server.load_lora("t-step-2", path_b) == 0.0
     again = sampled(await chat(vllm_server, body, model="t-step-2"))
-    assert again[1] == comp_a and max_diff(again[2], lps_a) <= 1e-5
+    assert again[1] == comp_b and max_diff(again[2], lps_b) <= 1e-5
 
     zero = write_zero_adapter(tiny_model, tmp_path / "zero", rank=8)
     await vllm_server.load_lora("t-base-zero", zero)

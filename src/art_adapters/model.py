@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -33,7 +36,7 @@ MODEL_INFERENCE_FIELDS = frozenset(
 
 
 def check_name(kind: str, value: str) -> str:
-    if not NAME_PATTERN.match(value) or value in {".", ".."}:
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value in {".", ".."}:
         raise ValueError(f"{kind} name {value!r} must match {NAME_PATTERN.pattern} (and not be '.' or '..')")
     return value
 
@@ -119,6 +122,40 @@ class Model(BaseModel):
         """The model's training step (0 for a model that is not trained)."""
         return 0
 
+    # ---- persistent state (ART's): `{base_path}/{project}/models/{name}/state.json` -----------------------------
+
+    def state_path(self) -> Path:
+        return (
+            Path(self.base_path)
+            / check_name("project", self.project)
+            / "models"
+            / check_name("model", self.name)
+            / "state.json"
+        )
+
+    def read_state(self) -> dict[str, Any] | None:
+        """The state a run persisted (dataset position, pipeline progress), or None."""
+        path = self.state_path()
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def overwrite_state(self, state: dict[str, Any]) -> None:
+        """Replace the persisted state (JSON, written atomically: a crash leaves the old or the new, whole)."""
+        path = self.state_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, path)
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        """ART's older name of `overwrite_state`."""
+        self.overwrite_state(state)
+
+    def merge_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Deep-merge `state` into the persisted state; returns what was written."""
+        merged = _deep_merge(self.read_state() or {}, state)
+        self.overwrite_state(merged)
+        return merged
+
     async def log(
         self,
         trajectories: Iterable[Trajectory | BaseException] | Iterable[TrajectoryGroup] | None = None,
@@ -138,6 +175,16 @@ class Model(BaseModel):
         at = step if step is not None else await self.get_step()
         directory = model_dir(self.project, self.name, self.base_path)
         return await asyncio.to_thread(record_log, directory, groups, split, at, metrics)
+
+
+def _deep_merge(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in updates.items():
+        if isinstance(merged.get(key), dict) and isinstance(value, dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def as_groups(items: Iterable[Any] | None) -> list[TrajectoryGroup]:

@@ -6,6 +6,7 @@ import ipaddress
 import os
 from collections.abc import Iterable
 
+from ..inference.requests import RequestLimits
 from .base import Backend
 
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
@@ -44,9 +45,12 @@ def serve(
     log_level: str = "info",
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
+    limits: RequestLimits | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
-    and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS)."""
+    and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
+    bound every inference request, at this server and at the engine's gateway. SIGTERM ends it within a bounded
+    time: connections still open after 10 s are closed, steps in flight get 120 s."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
@@ -54,10 +58,12 @@ def serve(
         raise SystemExit("art-adapters serve: --inference-key needs an admin --api-key too")
     import uvicorn
 
+    limits = limits or RequestLimits()
     if backend is None:
+        from ..inference import InferenceConfig
         from .local import LocalBackend
 
-        backend = LocalBackend(path=path)
+        backend = LocalBackend(path=path, inference=InferenceConfig(limits=limits))
     from .server import create_app
 
     app = create_app(
@@ -66,6 +72,7 @@ def serve(
         inference_key=inference_key,
         allowed_base_models=allowed_base_models,
         max_body_bytes=max_body_bytes,
+        limits=limits,
     )
     uvicorn.run(
         app,
@@ -74,6 +81,7 @@ def serve(
         log_level=log_level,
         backlog=2048,
         timeout_keep_alive=30,
+        timeout_graceful_shutdown=10,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
     )
@@ -105,6 +113,17 @@ def serve_command(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--path", default=".art", help="backend folder (default .art)")
     parser.add_argument("--max-body-mb", type=int, default=DEFAULT_MAX_BODY_BYTES // 2**20)
+    defaults = RequestLimits()
+    parser.add_argument("--max-n", type=int, default=defaults.max_n, help="choices per inference request")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="output tokens per choice (default: the context length)"
+    )
+    parser.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=defaults.max_request_tokens,
+        help="n x output tokens per inference request",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -118,4 +137,7 @@ def serve_command(argv: list[str] | None = None) -> None:
         max_body_bytes=args.max_body_mb * 2**20,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        limits=RequestLimits(
+            max_n=args.max_n, max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens
+        ),
     )

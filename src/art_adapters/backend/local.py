@@ -14,14 +14,7 @@ from ..model import Model, TrainableModel, check_name
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .metrics import all_trajectories, best_step, record_log, rollout_metrics
-from .serving import (
-    Registered,
-    claim_bare_name,
-    release_bare_claims,
-    required_lora_rank,
-    serve_step,
-    served_prompt_logprobs,
-)
+from .serving import Registered, publish_step, required_lora_rank, served_prompt_logprobs
 
 if TYPE_CHECKING:
     from ..inference import InferenceConfig, VLLMServer
@@ -65,6 +58,7 @@ class LocalBackend(ARTTraining):
             )
         from ..inference import VLLMServer
         from ..inference.config import validate_model_dir
+        from ..inference.gateway import gateway_of
         from ..training import checkpoints
 
         base = validate_model_dir(model.base_model)  # clear errors before any server starts
@@ -79,6 +73,9 @@ class LocalBackend(ARTTraining):
                     f"{base.name}'s architecture; train without them"
                 )
         directory = self.model_dir(model)
+        model.base_path = str(
+            self.path
+        )  # as ART: the model's own files (state.json) live beside the backend's
         async with self._lock:
             server = self._servers.get(base)
             if server is not None and server.config.max_lora_rank < rank:
@@ -93,6 +90,7 @@ class LocalBackend(ARTTraining):
                 )
                 self._servers[base] = server
                 self._owned.append(server)
+            gateway = gateway_of(server, server.config.limits)  # the one door to this server
             directory.mkdir(parents=True, exist_ok=True)
             checkpoints.clean_temp_dirs(directory)
             (directory / "model.json").write_text(
@@ -113,14 +111,23 @@ class LocalBackend(ARTTraining):
                         self._servers.pop(base, None)
                     raise
                 state = Registered(
-                    model=model, directory=directory, server=server, trainer=trainer, step=trainer.step
+                    model=model,
+                    directory=directory,
+                    server=server,
+                    gateway=gateway,
+                    trainer=trainer,
+                    step=trainer.step,
+                    lock=asyncio.Lock(),
                 )
+                try:
+                    await publish_step(state, state.step)
+                except BaseException:  # a failed registration leaves no name behind
+                    await gateway.forget(state.name)
+                    raise
                 self._models[directory] = state
-            await claim_bare_name(state, list(self._models.values()))
-        await serve_step(state, state.step)
         return InferenceEndpoint(
-            base_url=server.base_url,
-            api_key=server.api_key,
+            base_url=gateway.base_url,
+            api_key=gateway.api_key,
             model_name=state.name,
             logprobs_mode=server.config.logprobs_mode,
         )
@@ -242,18 +249,21 @@ class LocalBackend(ARTTraining):
             keep.add(best)
         deleted = checkpoints.delete_checkpoints(directory, keep)
         state = self._models.get(directory)
-        for step in deleted:
-            if state is not None and step in state.served:
-                state.served.discard(step)
-                for name in state.names(step):
-                    await state.server.unload_lora(name)
+        if state is not None and deleted:
+            await state.gateway.forget(state.name, deleted)
         return deleted
 
     async def close(self) -> None:
-        """Stop the servers this backend started (not those given to `use_server`) and drop the trainers."""
+        """Stop the servers this backend started (not those given to `use_server`, whose gateways only stop
+        serving this backend's models) and drop the trainers."""
+        from ..inference.gateway import stop_gateway
+
         owned, self._owned = self._owned, []
-        release_bare_claims(list(self._models.values()))
+        for state in self._models.values():
+            if state.server not in owned:
+                await state.gateway.forget(state.name)
         for server in owned:
+            stop_gateway(server)
             await server.stop()
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
         self._models.clear()
@@ -269,9 +279,11 @@ class LocalBackend(ARTTraining):
 
     def __exit__(self, *exc: object) -> None:
         """Stop the servers this backend started (synchronously; usable with no event loop running)."""
+        from ..inference.gateway import stop_gateway
+
         owned, self._owned = self._owned, []
-        release_bare_claims(list(self._models.values()))
         for server in owned:
+            stop_gateway(server)
             server.kill_now()
             server.process = None
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
@@ -294,8 +306,9 @@ class LocalBackend(ARTTraining):
         """
         state = self._registered(model)
         trainer = await self.trainer(model)
-        name = state.name if step is None else f"{state.name}@{step}"
-        served = await served_prompt_logprobs(state.server, name, token_ids)
+        served = await served_prompt_logprobs(
+            state.server, state.gateway.adapter_name(state.name, step), token_ids
+        )
         ours = await asyncio.to_thread(trainer.logprobs_of, token_ids)
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
@@ -380,4 +393,4 @@ class LocalBackend(ARTTraining):
         else:
             await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
         state.step = trainer.step
-        await serve_step(state, state.step)
+        await publish_step(state, state.step)

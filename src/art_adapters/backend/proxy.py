@@ -5,31 +5,18 @@ from __future__ import annotations
 
 import hmac
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..inference.forward import Forwarded, end_to_end_headers, openai_error
+from ..inference.requests import RequestLimits, RequestRejected, parse_request
 from .base import InferenceEndpoint
-
-# Headers that describe one hop (RFC 9110 §7.6.1) or that the proxy sets itself.
-_HOP = {
-    "authorization",
-    "connection",
-    "content-length",
-    "host",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-}
 
 
 class Guard:
@@ -104,39 +91,68 @@ async def _send_json(
     await send({"type": "http.response.body", "body": payload})
 
 
-def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
-
-
 # The inference server's routes a client may reach through the proxy; everything else (vLLM's LoRA loading,
 # sleep, collective_rpc, cache resets, `..` tricks) is refused before any upstream call.
-ALLOWED_PATHS = frozenset({"chat/completions", "completions", "responses", "messages", "models"})
+INFERENCE_PATHS = frozenset({"chat/completions", "completions", "responses", "messages"})
+
+
+@dataclass
+class ModelRoute:
+    """Where one registered model (`key` = `{project}/{name}`) is served, and the name its upstream knows it by."""
+
+    key: str
+    name: str
+    endpoint: InferenceEndpoint
 
 
 class InferenceProxy:
-    """Forwards `/v1/{chat/completions, completions, responses, messages, models}` to the upstream endpoint of the
-    model a request names, when that model is one this server registered (one shared pooled client)."""
+    """Forwards `/v1/{chat/completions, completions, responses, messages}` to the endpoint of the registered model
+    a request names (`{project}/{name}`, `@step`, or the bare `name` while one project alone uses it), rewriting
+    `model` to the name that endpoint serves. Requests are checked as the gateway checks them (size, nesting,
+    work, no engine fields); a client that goes away cancels its upstream request."""
 
-    def __init__(self, *, read_timeout_s: float = 600.0, max_connections: int = 2048) -> None:
-        self._routes: dict[str, InferenceEndpoint] = {}
+    def __init__(
+        self,
+        *,
+        limits: RequestLimits | None = None,
+        read_timeout_s: float = 600.0,
+        max_connections: int = 2048,
+    ) -> None:
+        self.limits = limits or RequestLimits()
+        self.routes: dict[str, ModelRoute] = {}
+        self.claims: dict[str, set[str]] = {}  # bare name -> the model keys that use it
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
         self._client: httpx.AsyncClient | None = None
 
     # ---- routing table ---------------------------------------------------------------------------------------
 
-    def add(self, names: list[str], endpoint: InferenceEndpoint) -> None:
-        for name in names:
-            if name:
-                self._routes[name] = endpoint
+    def add(self, project: str, name: str, endpoint: InferenceEndpoint) -> None:
+        key = f"{project}/{name}"
+        self.routes[key] = ModelRoute(key=key, name=name, endpoint=endpoint)
+        self.claims.setdefault(name, set()).add(key)
 
-    def upstream(self, model: str | None) -> InferenceEndpoint | None:
-        """The endpoint serving `model` (`name` or `name@step`), if it is a model this server registered."""
-        if model:
-            for key in (model, model.split("@", 1)[0]):
-                if key in self._routes:
-                    return self._routes[key]
-        return None
+    def remove(self, project: str, name: str) -> None:
+        key = f"{project}/{name}"
+        if self.routes.pop(key, None) is not None:
+            keys = self.claims.get(name, set())
+            keys.discard(key)
+            if not keys:
+                self.claims.pop(name, None)
+
+    def resolve(self, requested: str) -> tuple[ModelRoute, str] | str:
+        """The route a requested name means and the model name to send upstream, or why none (a message that
+        names no other model)."""
+        base, at, step = requested.partition("@")
+        route = self.routes.get(base)
+        if route is None and "/" not in base:
+            keys = self.claims.get(base, set())
+            if len(keys) > 1:
+                return f"model {base!r} is used by more than one project on this server; ask for '{{project}}/{base}'"
+            route = self.routes.get(next(iter(keys))) if keys else None
+        if route is None:
+            return f"model {requested!r} is not registered on this server"
+        return route, route.endpoint.model_name + (f"@{step}" if at else "")
 
     # ---- forwarding ------------------------------------------------------------------------------------------
 
@@ -159,73 +175,37 @@ class InferenceProxy:
             await self._client.aclose()
             self._client = None
 
-    async def list_models(self) -> Response:
-        """`GET /v1/models`: the union of what every upstream serves."""
-        data: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for endpoint in {(e.base_url, e.api_key): e for e in self._routes.values()}.values():
-            try:
-                response = await self.client.get(_join(endpoint.base_url, "models"), headers=_auth(endpoint))
-                response.raise_for_status()
-                items = response.json().get("data") or []
-            except (httpx.HTTPError, ValueError) as error:
-                return openai_error(
-                    502, f"inference server {endpoint.base_url} failed: {error}", "upstream_error"
-                )
-            for item in items:
-                name = str(item.get("id"))
-                if name not in self._routes and name.split("@", 1)[0] not in self._routes:
-                    continue  # the base model and others' adapters are not this server's to offer
-                if item.get("id") not in seen:
-                    seen.add(item.get("id"))
-                    data.append(item)
+    def list_models(self) -> Response:
+        """`GET /v1/models`: the registered models' names (bare names where one project alone uses them); never
+        the base models, other adapters or anything about where they live."""
+        names = set(self.routes) | {name for name, keys in self.claims.items() if len(keys) == 1}
+        data = [{"id": n, "object": "model", "owned_by": "art-adapters"} for n in sorted(names)]
         return JSONResponse({"object": "list", "data": data})
 
     async def forward(self, request: Request, path: str) -> Response:
-        if path not in ALLOWED_PATHS or request.method != "POST" and path != "models":
+        if path not in INFERENCE_PATHS or request.method != "POST":
             return openai_error(404, f"/v1/{path} is not served here (inference routes only)", "not_found")
-        body = await request.body()
-        model: str | None = None
-        if body:
-            try:
-                payload = json.loads(body)
-            except ValueError:
-                return openai_error(400, "request body is not valid JSON")
-            model = payload.get("model") if isinstance(payload, dict) else None
-        endpoint = self.upstream(model)
-        if endpoint is None:
-            known = ", ".join(sorted(self._routes)) or "none"
-            return openai_error(
-                404, f"model {model!r} is not registered on this server (registered: {known})"
-            )
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        headers.update(_auth(endpoint))
+        try:
+            payload = parse_request(await request.body(), self.limits)
+        except RequestRejected as error:
+            return openai_error(error.status, str(error))
+        requested = payload.get("model") or ""
+        target = self.resolve(requested)
+        if isinstance(target, str):
+            return openai_error(404, target, "not_found")
+        route, upstream_name = target
+        payload["model"] = upstream_name
+        headers = end_to_end_headers(request.headers)
+        if route.endpoint.api_key:
+            headers["authorization"] = f"Bearer {route.endpoint.api_key}"
         upstream = self.client.build_request(
-            request.method,
-            _join(endpoint.base_url, path),
+            "POST",
+            _join(route.endpoint.base_url, path),
             params=request.query_params,
             headers=headers,
-            content=body,
+            json=payload,
         )
-        try:
-            response = await self.client.send(upstream, stream=True)
-        except httpx.HTTPError as error:
-            return openai_error(
-                502, f"inference server {endpoint.base_url} unreachable: {error!r}", "upstream_error"
-            )
-        out_headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP}
-        if "content-length" in response.headers:  # raw bytes pass through, so the upstream length holds
-            out_headers["content-length"] = response.headers["content-length"]
-        return StreamingResponse(
-            response.aiter_raw(),
-            status_code=response.status_code,
-            headers=out_headers,
-            background=BackgroundTask(response.aclose),
-        )
-
-
-def _auth(endpoint: InferenceEndpoint) -> dict[str, str]:
-    return {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        return Forwarded(self.client, upstream, requested=requested)
 
 
 def _join(base_url: str, path: str) -> str:

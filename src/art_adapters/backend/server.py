@@ -18,6 +18,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException
 
 from ..config import SFTConfig, TrainConfig
+from ..inference.requests import RequestLimits
 from ..model import Model, TrainableModel
 from ..trajectories import MetadataValue, PydanticException, Trajectory, TrajectoryGroup
 from .base import Backend, InferenceEndpoint
@@ -117,13 +118,15 @@ class _State:
         self.tasks: set[asyncio.Task[None]] = set()
 
     def check_allowed(self, model: Model) -> None:
-        """A client chooses among the base models the operator allowed, and never the engine's settings."""
+        """A client chooses among the base models the operator allowed, and never the engine's settings (neither
+        `inference=` nor ART's `_internal_config.engine_args`, whatever their values)."""
         if not isinstance(model, TrainableModel):
             return
-        if model.inference:
+        asked = model.inference_settings()  # an unknown engine arg raises here (a 400 naming it)
+        if asked:
             raise HTTPException(
                 403,
-                f"inference settings {sorted(model.inference)} are the server's to choose; start "
+                f"inference settings {sorted(asked)} are the server's to choose; start "
                 "`art-adapters serve` with them instead",
             )
         if _base_key(model.base_model) not in self.allowed_base_models:
@@ -141,7 +144,7 @@ class _State:
         model.inference_base_url, model.inference_api_key = endpoint.base_url, endpoint.api_key
         self.models[key], self.endpoints[key] = model, endpoint
         if isinstance(model, TrainableModel):  # only what the backend serves is proxied (no relay to any URL)
-            self.proxy.add([model.name, endpoint.model_name], endpoint)
+            self.proxy.add(model.project, model.name, endpoint)
         return endpoint
 
     async def model(self, model: TrainableModel) -> TrainableModel:
@@ -166,22 +169,31 @@ def create_app(
     public_url: str | None = None,
     heartbeat_s: float = 15.0,
     proxy_read_timeout_s: float = 600.0,
+    limits: RequestLimits | None = None,
+    shutdown_grace_s: float = 120.0,
 ) -> FastAPI:
     """The FastAPI app serving `backend`. `public_url` overrides the base URL handed to clients (default: the URL
     the request came in on); `heartbeat_s` is the idle gap after which a progress stream sends a heartbeat line.
 
     `api_key` opens every route, `inference_key` only `/v1/*` (and is the key handed to clients for inference).
-    `allowed_base_models`: what clients may register (default: the base models of the models already on disk)."""
+    `allowed_base_models`: what clients may register (default: the base models of the models already on disk).
+    `limits`: what one inference request may ask; `shutdown_grace_s`: how long shutdown waits for steps in flight."""
     allowed = set(allowed_base_models or ()) | registered_base_models(backend)
-    state = _State(
-        backend, InferenceProxy(read_timeout_s=proxy_read_timeout_s), {_base_key(b) for b in allowed}
-    )
+    proxy = InferenceProxy(limits=limits, read_timeout_s=proxy_read_timeout_s)
+    state = _State(backend, proxy, {_base_key(b) for b in allowed})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        if state.tasks:  # let steps in flight finish (or fail) before the backend goes
-            await asyncio.gather(*state.tasks, return_exceptions=True)
+        if state.tasks:  # let steps in flight finish (or fail) before the backend goes, for a bounded time
+            _, late = await asyncio.wait(set(state.tasks), timeout=shutdown_grace_s)
+            for task in late:
+                log.warning(
+                    "shutting down: %s did not finish within %.0f s; cancelled",
+                    task.get_name(),
+                    shutdown_grace_s,
+                )
+                task.cancel()
         await state.proxy.aclose()
         await backend.close()
 
@@ -257,7 +269,7 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models() -> Any:
-        return await state.proxy.list_models()
+        return state.proxy.list_models()
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
     async def inference(path: str, request: Request) -> Any:

@@ -1,12 +1,12 @@
-"""How a registered model's checkpoints are served by the vLLM server: its names (`{project}/{name}`, and the bare
-`name` while no other project on that server uses it), loading each step, and reading back what vLLM serves."""
+"""How a registered model's checkpoints are served: each step as an immutable version behind the server's gateway
+(`{project}/{name}@{step}`; the model's names point at the newest), and reading back what vLLM serves."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ from ..model import TrainableModel
 
 if TYPE_CHECKING:
     from ..inference import VLLMServer
+    from ..inference.gateway import Gateway
     from ..training.trainer import Trainer
 
 log = logging.getLogger("art_adapters.backend.local")
@@ -26,65 +27,26 @@ class Registered:
     model: TrainableModel
     directory: Path
     server: VLLMServer
+    gateway: Gateway
     trainer: Trainer | None
     step: int
-    served: set[int] = field(default_factory=set)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    bare: bool = False  # also served under the bare `name` (no other project on this server uses it)
+    lock: asyncio.Lock
 
     @property
     def name(self) -> str:
-        """The adapter's served name: `{project}/{name}`, so projects sharing a server never share weights."""
+        """The model's served name: `{project}/{name}`, so projects sharing a server never share weights (the bare
+        `name` answers too while no other project on that server uses it)."""
         return f"{self.model.project}/{self.model.name}"
 
-    def names(self, step: int | None = None) -> list[str]:
-        """Every name step `step` (None: the latest) is served under."""
-        bases = [self.name] + ([self.model.name] if self.bare else [])
-        return bases if step is None else [f"{b}@{step}" for b in bases]
 
-
-async def claim_bare_name(state: Registered, others: list[Registered]) -> None:
-    """Serve the bare `name` too (ART code often sends `model.name`) unless another project on this server has
-    a model of that name: then the bare name is withdrawn from all of them, so a request for it fails loudly
-    instead of sampling another project's weights."""
-    claims = state.server.bare_claims.setdefault(state.model.name, set())
-    claims.add(str(state.directory))
-    state.bare = claims == {str(state.directory)}
-    if state.bare:
-        return
-    for other in others:  # the same backend's; other backends see the claim when they next serve
-        if other.bare and other.model.name == state.model.name:
-            other.bare = False
-    bare = state.model.name
-    for name in [n for n in state.server.loras if n == bare or n.startswith(f"{bare}@")]:
-        await state.server.unload_lora(name)
-    log.warning(
-        "model name %r is used by more than one project on this server: it is served only as "
-        "'{project}/%s' (use model.get_inference_name())",
-        bare,
-        bare,
-    )
-
-
-def release_bare_claims(states: list[Registered]) -> None:
-    for state in states:
-        claims = state.server.bare_claims.get(state.model.name)
-        if claims is not None:
-            claims.discard(str(state.directory))
-
-
-async def serve_step(state: Registered, step: int) -> None:
-    """Load `checkpoints/{step}` as `{project}/{name}@step` and (re)load it as `{project}/{name}` (and under the
-    bare `name`, while this project alone uses it on the server)."""
+async def publish_step(state: Registered, step: int) -> None:
+    """Serve `checkpoints/{step}` as the model's newest version (`{project}/{name}@{step}`)."""
     from ..inference import InferenceServerError
     from ..training import checkpoints
 
     path = checkpoints.checkpoint_dir(state.directory, step)
-    if state.bare and state.server.bare_claims.get(state.model.name) != {str(state.directory)}:
-        state.bare = False  # another backend on this server registered the same name since
     try:
-        for name in state.names(step):
-            await state.server.load_lora(name, path)
+        await state.gateway.publish(state.name, state.model.name, step, path)
     except InferenceServerError as error:
         if state.model.lora.modules_to_save:
             error.add_note(
@@ -92,9 +54,6 @@ async def serve_step(state: Registered, step: int) -> None:
                 "adapter for many architectures (Qwen2 among them); train without modules_to_save"
             )
         raise
-    for name in state.names():
-        await state.server.load_lora(name, path)  # re-use: reloaded in place, prefix cache reset
-    state.served.add(step)
 
 
 def required_lora_rank(base_model: Path, model: TrainableModel) -> int:

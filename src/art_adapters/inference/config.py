@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from .requests import RequestLimits
+
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 
@@ -49,6 +51,10 @@ class InferenceConfig(BaseModel):
     startup_timeout_s: float = Field(300.0, gt=0)
     served_model_name: str | None = Field(None, description="Defaults to the model folder's name.")
     warmup: bool = True
+    limits: RequestLimits = Field(
+        default_factory=RequestLimits,
+        description="What one inference request may ask (size, depth, n, tokens).",
+    )
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
@@ -78,7 +84,7 @@ def validate_model_dir(path: str | os.PathLike[str]) -> Path:
     """The base model's local folder: `path` itself, or a Hugging Face hub id resolved through the hub cache
     (downloaded where the hub is reachable). A clear ValueError otherwise, before anything starts."""
     p = Path(path).expanduser()
-    if not p.exists() and HUB_ID.match(str(path)):
+    if not p.exists() and HUB_ID.fullmatch(str(path)):
         p = _download_from_hub(str(path))
     if not p.is_dir():
         raise ValueError(f"base model folder does not exist: {p}")

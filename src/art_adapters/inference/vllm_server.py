@@ -91,6 +91,8 @@ class VLLMServer:
         ] = {}  # bare model name -> model folders that use it (LocalBackend)
         self.startup_s: float | None = None
         self.last_lora_load_ms: float | None = None
+        self.stopping = False  # stop() under way: the process ending is not a death to recover from
+        self.restarts = 0
 
     # ----------------------------------------------------------------- properties
     @property
@@ -254,29 +256,29 @@ class VLLMServer:
         return r.text
 
     async def load_lora(self, name: str, path: str | os.PathLike[str]) -> float:
-        """Hot-load a PEFT adapter under ``name``; returns the load time in ms.
+        """Hot-load a PEFT adapter under ``name``; returns the load time in ms (0 if it is already served).
 
-        A name already served is reloaded in place (vLLM's ``load_inplace``: no moment where the name is
-        unknown and requests fail), then the prefix cache is reset (cached prefixes were computed with the
-        old weights).
+        A served name is immutable: its weights never change under it (vLLM's in-place reload would switch
+        requests in flight to other weights, keep serving prefixes cached with the old ones, and re-read the
+        adapter on every step, vLLM issues 42125 and 33791); a new version gets a new name.
         """
         p = _resolve(path)
+        if name in self.loras:
+            if self.loras[name] != p:
+                raise InferenceServerError(
+                    f"LoRA {name!r} is already served from {self.loras[name]}; a new version needs a new name"
+                )
+            return 0.0
         rank = adapter_rank(p)
         if rank > self.config.max_lora_rank:
             raise ValueError(
                 f"adapter {p} has rank r={rank} > max_lora_rank={self.config.max_lora_rank}; "
                 "raise InferenceConfig.max_lora_rank (needs a server restart)"
             )
-        reload = name in self.loras
-        body: dict[str, object] = {"lora_name": name, "lora_path": str(p)}
-        if reload:
-            body["load_inplace"] = True
         t0 = time.perf_counter()
-        await self._post("/v1/load_lora_adapter", body)
+        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p)})
         self.last_lora_load_ms = (time.perf_counter() - t0) * 1000
         self.loras[name] = p
-        if reload:
-            await self.reset_prefix_cache()
         log.info("loaded LoRA %s from %s in %.1f ms", name, p, self.last_lora_load_ms)
         return self.last_lora_load_ms
 
@@ -302,11 +304,12 @@ class VLLMServer:
         )
 
     async def sleep(self, level: int = 1) -> None:
-        """Free accelerator memory for training (CUDA with sleep mode only; a logged no-op elsewhere)."""
+        """Free accelerator memory for training (CUDA with sleep mode only; a logged no-op elsewhere). Requests in
+        flight finish first (mode `wait`; vLLM's default `abort` would fail every rollout sampling, any project's)."""
         if not (self.on_cuda and self.config.sleep_mode_enabled(True)):
             log.info("vLLM sleep skipped: sleep mode is only available on CUDA with enable_sleep_mode")
             return
-        await self._post(f"/sleep?level={level}", wait_s=300.0)
+        await self._post(f"/sleep?level={level}&mode=wait", wait_s=600.0)
 
     async def wake_up(self) -> None:
         if not (self.on_cuda and self.config.sleep_mode_enabled(True)):
@@ -315,11 +318,27 @@ class VLLMServer:
         await self._post("/wake_up", wait_s=300.0)
 
     # ----------------------------------------------------------------- shutdown
+    @property
+    def died(self) -> bool:
+        """The engine exited without being asked to (a crash, an engine error that ended the server)."""
+        return self.process is not None and self.process.poll() is not None and not self.stopping
+
+    async def restart(self) -> int:
+        """Start a dead (or live) server again, reloading every adapter it served; returns how many."""
+        adapters = dict(self.loras)
+        await self.stop()
+        await self.start()
+        for name, path in adapters.items():
+            await self.load_lora(name, path)
+        self.restarts += 1
+        return len(adapters)
+
     async def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the process group, SIGKILL whatever is left after ``timeout_s``, wait until it is gone."""
         proc = self.process
         if proc is None:
             return
+        self.stopping = True
         pgid = proc.pid
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)  # the supervisor stops vLLM gracefully, then kills the group
@@ -340,6 +359,7 @@ class VLLMServer:
         LIVE_GROUPS.discard(pgid)
         self.loras.clear()
         self.process = None
+        self.stopping = False
 
     def kill_now(self) -> None:
         """Synchronous last resort (e.g. from a finalizer)."""

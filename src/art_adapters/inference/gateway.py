@@ -1,0 +1,453 @@
+"""The gateway: the one door to a managed vLLM server. Served names resolve to immutable adapter versions, requests
+are checked and bounded, versions are unloaded once nothing uses them, and a dead engine is restarted.
+
+Versioned weights: step k of model `{project}/{name}` is the adapter `{project}/{name}@k`, loaded beside the
+others under its own name and path and never changed. A request for `{project}/{name}` (or the bare `name`, while
+one project alone uses it here) goes to the newest version; a request in flight finishes on the version it
+started with (vLLM keys its prefix cache by adapter, so no stale prefix is ever served for a new one); a version
+that is not the newest is unloaded when its last request ends, and loaded again on demand when asked by name.
+Every answer says which version produced it (`x-art-policy-version`, `x-art-served-model`).
+
+It runs an ASGI server on 127.0.0.1 in a thread of its own (with its own event loop), so it outlives any one
+`asyncio.run` of its user and keeps serving while a training step holds the caller's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..calls import SERVED_HEADER, VERSION_HEADER
+from .forward import Forwarded, end_to_end_headers, openai_error
+from .process import find_free_port
+from .requests import RequestLimits, RequestRejected, parse_request
+from .vllm_server import InferenceServerError, VLLMServer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+INFERENCE_PATHS = frozenset({"chat/completions", "completions", "responses", "messages"})
+WATCH_EVERY_S = 0.5  # how often the engine's process is checked
+
+
+@dataclass
+class Version:
+    step: int
+    adapter: str
+    path: Path
+    in_flight: int = 0
+
+
+@dataclass
+class ServedModel:
+    """One model's versions on this server; `key` is `{project}/{name}`."""
+
+    key: str
+    name: str
+    versions: dict[int, Version] = field(default_factory=dict)
+    newest: int | None = None
+
+
+class Gateway:
+    """Serves `server`'s adapters under their models' names (see the module docstring). Start it with `start()`
+    (from any thread or loop); `base_url` and `api_key` are what clients use."""
+
+    def __init__(
+        self, server: VLLMServer, limits: RequestLimits | None = None, *, port: int | None = None
+    ) -> None:
+        self.server = server
+        self.limits = limits or RequestLimits()
+        self.api_key = "art-gw-" + secrets.token_urlsafe(24)
+        self.port = find_free_port(port)
+        self.models: dict[str, ServedModel] = {}
+        self.claims: dict[str, set[str]] = {}  # bare name -> the model keys that use it
+        self.in_flight = 0
+        self.busy_s = 0.0  # seconds with at least one request in flight (engine not idle)
+        self._busy_since: float | None = None
+        self.started_at = time.monotonic()
+        self._ready: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._uvicorn: Any = None
+        self._client: httpx.AsyncClient | None = None
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self) -> Gateway:
+        """Run the gateway in its own thread (idempotent); returns once it answers."""
+        if self._thread is not None:
+            return self
+        import uvicorn
+
+        started = threading.Event()
+        config = uvicorn.Config(
+            self.app(),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=75,  # outlives the recording client's 30 s keep-alive
+            timeout_graceful_shutdown=5,
+        )
+        self._uvicorn = uvicorn.Server(config)
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            self._ready = asyncio.Event()
+            self._ready.set()
+            self._lock = asyncio.Lock()
+            loop.call_soon(started.set)
+            watchdog = loop.create_task(self._watch_engine())
+            try:
+                loop.run_until_complete(self._uvicorn.serve())
+            finally:
+                watchdog.cancel()
+                loop.run_until_complete(asyncio.gather(watchdog, return_exceptions=True))
+                if self._client is not None:
+                    loop.run_until_complete(self._client.aclose())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"art-gateway-{self.port}", daemon=True)
+        self._thread.start()
+        started.wait(30)
+        deadline = time.monotonic() + 30
+        while not self._uvicorn.started and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        if not self._uvicorn.started:
+            raise InferenceServerError(f"the inference gateway did not start on port {self.port}")
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop serving (requests in flight get `timeout_s` to finish); the vLLM server is left as it is."""
+        if self._thread is None:
+            return
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._uvicorn.force_exit = True
+            self._thread.join(5)
+        self._thread = None
+
+    async def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the gateway's loop (where its table and the engine's management live)."""
+        assert self._loop is not None, "gateway not started"
+        if asyncio.get_running_loop() is self._loop:
+            return await coroutine
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
+
+    # ---- versions -----------------------------------------------------------------------------------------------
+
+    async def publish(self, key: str, name: str, step: int, path: Path) -> str:
+        """Serve step `step` of `key` (from the adapter folder `path`) and point the model's names at it; returns
+        its adapter name. Older versions are unloaded once no request uses them."""
+        return await self.call(self._publish(key, name, step, Path(path)))
+
+    async def _publish(self, key: str, name: str, step: int, path: Path) -> str:
+        assert self._lock is not None
+        async with self._lock:
+            model = self.models.get(key) or ServedModel(key=key, name=name)
+            version = model.versions.get(step) or Version(step=step, adapter=f"{key}@{step}", path=path)
+            await self._engine_ready()
+            await self.server.load_lora(version.adapter, version.path)
+            model.versions[step] = version
+            if model.newest is None or step >= model.newest:
+                model.newest = step
+            self.models[key] = model
+            self.claims.setdefault(name, set()).add(key)
+            if len(self.claims[name]) > 1:
+                log.warning(
+                    "model name %r is used by more than one project on this server: it is served only as "
+                    "'{project}/%s' (use model.get_inference_name())",
+                    name,
+                    name,
+                )
+            await self._retire(model)
+            return version.adapter
+
+    async def forget(self, key: str, steps: list[int] | None = None) -> None:
+        """Stop serving `steps` of `key` (their checkpoints are gone), or the whole model (None)."""
+        await self.call(self._forget(key, steps))
+
+    async def _forget(self, key: str, steps: list[int] | None) -> None:
+        assert self._lock is not None
+        async with self._lock:
+            model = self.models.get(key)
+            if model is None:
+                return
+            for step in list(model.versions) if steps is None else steps:
+                version = model.versions.pop(step, None)
+                if version is not None and version.in_flight == 0:
+                    await self._unload(version.adapter)  # one in flight is unloaded when it ends
+            if steps is None or model.newest not in model.versions:
+                model.newest = max(model.versions, default=None)
+            if steps is None:
+                del self.models[key]
+                claims = self.claims.get(model.name, set())
+                claims.discard(key)
+                if not claims:
+                    self.claims.pop(model.name, None)
+
+    def adapter_name(self, key: str, step: int | None = None) -> str:
+        """The adapter serving `key` at `step` (None: its newest version)."""
+        model = self.models[key]
+        at = model.newest if step is None else step
+        if at is None or at not in model.versions:
+            raise KeyError(f"{key}@{step} is not served")
+        return model.versions[at].adapter
+
+    async def _retire(self, model: ServedModel) -> None:
+        """Unload the versions of `model` that are neither the newest nor in use (their paths stay known)."""
+        for version in model.versions.values():
+            if version.step != model.newest and version.in_flight == 0:
+                await self._unload(version.adapter)
+
+    async def _unload(self, adapter: str) -> None:
+        if adapter not in self.server.loras:
+            return
+        try:
+            await self.server.unload_lora(adapter)
+        except (
+            InferenceServerError,
+            httpx.HTTPError,
+        ) as error:  # the engine may be restarting: forget it anyway
+            log.warning("could not unload adapter %s: %s", adapter, error)
+            self.server.loras.pop(adapter, None)
+
+    # ---- requests -----------------------------------------------------------------------------------------------
+
+    def resolve(self, requested: str) -> tuple[ServedModel, Version] | str:
+        """The model and version a requested name means, or why it is not served (a message naming no others)."""
+        base, _, step_text = requested.partition("@")
+        model = self.models.get(base)
+        if model is None and "/" not in base:
+            keys = self.claims.get(base, set())
+            if len(keys) > 1:
+                return (
+                    f"model {base!r} is used by more than one project on this server; "
+                    "ask for '{project}/" + base + "'"
+                )
+            model = self.models.get(next(iter(keys))) if keys else None
+        if model is None or model.newest is None:
+            return f"model {requested!r} is not served here"
+        if not step_text:
+            return model, model.versions[model.newest]
+        if not step_text.isdigit() or int(step_text) not in model.versions:
+            return f"model {requested!r} is not served here (no such step)"
+        return model, model.versions[int(step_text)]
+
+    async def handle(self, request: Request) -> Response:
+        path = request.path_params["path"]
+        if path not in INFERENCE_PATHS:
+            return openai_error(404, f"/v1/{path} is not served here (inference routes only)", "not_found")
+        try:
+            payload = parse_request(
+                await request.body(), self.limits, context_tokens=self.server.config.max_model_len
+            )
+        except RequestRejected as error:
+            return openai_error(error.status, str(error))
+        requested = payload.get("model") or ""
+        target = self.resolve(requested)
+        if isinstance(target, str):
+            return openai_error(404, target, "not_found")
+        model, version = target
+        if not await self._engine_ready(wait_s=300.0):
+            return openai_error(503, "the inference engine is restarting; try again", "unavailable")
+        if version.adapter not in self.server.loras:  # an older version asked for by name: load it again
+            assert self._lock is not None
+            async with self._lock:
+                try:
+                    await self.server.load_lora(version.adapter, version.path)
+                except (InferenceServerError, ValueError, OSError) as error:
+                    return openai_error(404, f"model {requested!r} cannot be served: {error}", "not_found")
+        payload["model"] = version.adapter
+        headers = end_to_end_headers(request.headers)
+
+        def upstream() -> httpx.Request:
+            headers["authorization"] = f"Bearer {self.server.api_key}"
+            url = f"{self.server.base_url}/{path}"  # read each time: a restarted engine may listen elsewhere
+            return self.client.build_request(
+                "POST", url, params=request.query_params, headers=headers, json=payload
+            )
+
+        async def recover() -> httpx.Request | None:
+            """The engine was not there to serve it: if it died, wait for the watchdog to bring it back."""
+            for _ in range(20):  # a dead engine's server answers (or refuses) a few seconds before it exits
+                await asyncio.sleep(WATCH_EVERY_S)
+                if self._ready is not None and not self._ready.is_set():
+                    break
+            return upstream() if await self._engine_ready(wait_s=600.0) else None
+
+        self._began(version)
+        return Forwarded(
+            self.client,
+            upstream(),
+            requested=requested,
+            headers={VERSION_HEADER: str(version.step), SERVED_HEADER: version.adapter},
+            on_done=lambda: self._ended(model, version),
+            recover=recover,
+            dead=engine_dead,
+        )
+
+    def _began(self, version: Version) -> None:
+        version.in_flight += 1
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self._busy_since = time.monotonic()
+
+    def _ended(self, model: ServedModel, version: Version) -> None:
+        version.in_flight -= 1
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._busy_since is not None:
+            self.busy_s += time.monotonic() - self._busy_since
+            self._busy_since = None
+        current = model.versions.get(version.step) is version and self.models.get(model.key) is model
+        if version.in_flight == 0 and (version.step != model.newest or not current):
+            asyncio.get_running_loop().create_task(self._unload_idle(version))
+
+    async def _unload_idle(self, version: Version) -> None:
+        """Unload a version no longer the newest (or no longer served) once its last request ended."""
+        assert self._lock is not None
+        async with self._lock:
+            if version.in_flight == 0:
+                await self._unload(version.adapter)
+
+    def busy_seconds(self) -> float:
+        """Seconds so far with at least one request in flight (for the engine's idle fraction)."""
+        return self.busy_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
+
+    def list_models(self) -> dict[str, Any]:
+        names = [key for key, model in self.models.items() if model.newest is not None]
+        names += [name for name, keys in self.claims.items() if len(keys) == 1 and name not in self.models]
+        data = [{"id": n, "object": "model", "owned_by": "art-adapters"} for n in sorted(names)]
+        return {"object": "list", "data": data}
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=10.0, read=3600.0, write=60.0, pool=None),
+                limits=httpx.Limits(
+                    max_connections=4096, max_keepalive_connections=512, keepalive_expiry=30.0
+                ),
+            )
+        return self._client
+
+    # ---- the engine ---------------------------------------------------------------------------------------------
+
+    async def _engine_ready(self, wait_s: float = 600.0) -> bool:
+        assert self._ready is not None
+        try:
+            await asyncio.wait_for(self._ready.wait(), wait_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _watch_engine(self, every_s: float = WATCH_EVERY_S) -> None:
+        """Restart the engine when it dies; its adapters come back at the versions they served."""
+        assert self._ready is not None
+        while True:
+            await asyncio.sleep(every_s)
+            if not self.server.died:
+                continue
+            code = self.server.process.poll() if self.server.process else None
+            log.error(
+                "the vLLM engine died (exit code %s); restarting it (log: %s)", code, self.server.log_path
+            )
+            self._ready.clear()
+            started = time.perf_counter()
+            try:
+                reloaded = await self.server.restart()
+            except Exception:  # a failed restart is logged; the next check tries again
+                log.exception("restarting the vLLM engine failed")
+                continue
+            finally:
+                if not self.server.died:
+                    self._ready.set()
+            log.warning(
+                "the vLLM engine is back after %.1f s (%d adapter(s) reloaded, restart #%d)",
+                time.perf_counter() - started,
+                reloaded,
+                self.server.restarts,
+            )
+
+    # ---- the ASGI app -------------------------------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        def authorized(request: Request) -> bool:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(
+                token.strip().encode(), self.api_key.encode()
+            )
+
+        async def inference(request: Request) -> Response:
+            if not authorized(request):
+                return openai_error(401, "bad or missing API key", "authentication_error")
+            return await self.handle(request)
+
+        async def models(request: Request) -> Response:
+            if not authorized(request):
+                return openai_error(401, "bad or missing API key", "authentication_error")
+            return JSONResponse(self.list_models())
+
+        async def health(request: Request) -> Response:
+            ready = self._ready is not None and self._ready.is_set() and self.server.running
+            return JSONResponse(
+                {"engine": "ready" if ready else "restarting"}, status_code=200 if ready else 503
+            )
+
+        return Starlette(
+            routes=[
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/v1/{path:path}", inference, methods=["POST"]),
+                Route("/health", health, methods=["GET"]),
+            ]
+        )
+
+
+_ENGINE_DEAD = re.compile(
+    rb"EngineCore encountered an issue|EngineDeadError|engine (?:is )?dead", re.IGNORECASE
+)
+
+
+def engine_dead(status: int, body: bytes) -> bool:
+    """Whether vLLM's error answer says its engine died (the request reached no engine: safe to send again)."""
+    return status >= 500 and bool(_ENGINE_DEAD.search(body))
+
+
+def gateway_of(server: VLLMServer, limits: RequestLimits | None = None) -> Gateway:
+    """The one gateway of `server` (started on first use; shared by every backend that serves from it)."""
+    gateway = getattr(server, "_gateway", None)
+    if gateway is None:
+        gateway = Gateway(server, limits)
+        server._gateway = gateway  # type: ignore[attr-defined]
+    return gateway.start()
+
+
+def stop_gateway(server: VLLMServer) -> None:
+    """Stop `server`'s gateway, if it has one (before the server itself stops)."""
+    gateway = getattr(server, "_gateway", None)
+    if gateway is not None:
+        gateway.stop()
+        server._gateway = None  # type: ignore[attr-defined]

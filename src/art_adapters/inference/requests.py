@@ -1,0 +1,125 @@
+"""What an inference request may ask of the engine: bounded size, nesting and work, no engine-internal fields.
+
+One check for every door to vLLM (the gateway in front of it, the `serve` proxy in front of that): a request that
+could exhaust or kill the engine is refused with a clear 4xx before anything is sent upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Fields vLLM accepts that steer the engine itself rather than sampling, and that no rollout needs:
+# disaggregated-prefill / encoder-cache transfer state (a deeply nested one kills the engine while it pickles the
+# scheduler output), extension arguments, engine request ids (another request's id can collide with it), and a
+# Jinja chat template (code the server would run, rendering a prompt the trainer never renders).
+ENGINE_FIELDS = frozenset(
+    {"kv_transfer_params", "ec_transfer_params", "vllm_xargs", "request_id", "chat_template"}
+)
+# Output-length fields of the three APIs (chat/completions, Responses, Anthropic Messages).
+_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+class RequestLimits(BaseModel):
+    """Per-request bounds (server flags of `art-adapters serve`; `InferenceConfig.limits` for a LocalBackend)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(32 * 2**20, gt=0, description="An inference request's body.")
+    max_depth: int = Field(64, gt=0, description="JSON nesting depth of the body (any field).")
+    max_n: int = Field(64, gt=0, description="Choices per request (`n`, `best_of`).")
+    max_tokens: int | None = Field(
+        None, gt=0, description="Output tokens per choice (None: the engine's context length bounds it)."
+    )
+    max_request_tokens: int = Field(
+        262_144,
+        gt=0,
+        description="n x output tokens per request (a missing max_tokens counts as the context).",
+    )
+
+
+class RequestRejected(ValueError):
+    """An inference request refused before it reached the engine; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_request(body: bytes, limits: RequestLimits, *, context_tokens: int | None = None) -> dict[str, Any]:
+    """The request's JSON object, checked: size, nesting depth, `model` a string, `n`/`best_of` and output length
+    within the limits (`context_tokens`: the engine's context length, the output bound of a request that gives
+    none). Engine-internal fields are removed. Raises RequestRejected."""
+    if len(body) > limits.max_body_bytes:
+        raise RequestRejected(413, f"request body over the {limits.max_body_bytes}-byte limit")
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        raise RequestRejected(400, f"request body nested deeper than {limits.max_depth} levels") from None
+    except ValueError:
+        raise RequestRejected(400, "request body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise RequestRejected(400, "request body must be a JSON object")
+    if nesting_depth(payload, limits.max_depth) > limits.max_depth:
+        raise RequestRejected(400, f"request body nested deeper than {limits.max_depth} levels")
+    model = payload.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestRejected(400, f"'model' must be a string, not {type(model).__name__}")
+    for key in ENGINE_FIELDS & payload.keys():
+        del payload[key]
+    check_work(payload, limits, context_tokens)
+    return payload
+
+
+def check_work(payload: dict[str, Any], limits: RequestLimits, context_tokens: int | None = None) -> None:
+    """Refuse a request asking for more choices or output tokens than the limits allow."""
+    n = _count(payload, "n", 1)
+    best_of = _count(payload, "best_of", n)
+    if max(n, best_of) > limits.max_n:
+        raise RequestRejected(
+            400, f"n={max(n, best_of)} is over this server's limit of {limits.max_n} choices"
+        )
+    lengths = [_count(payload, key, 0) for key in _LENGTH_FIELDS if payload.get(key) is not None]
+    length = max(lengths) if lengths else None
+    if length is not None and limits.max_tokens is not None and length > limits.max_tokens:
+        raise RequestRejected(
+            400, f"max_tokens={length} is over this server's limit of {limits.max_tokens} per choice"
+        )
+    per_choice = length if length is not None else context_tokens
+    if per_choice is not None and max(n, best_of) * per_choice > limits.max_request_tokens:
+        asked = f"max_tokens={length}" if length is not None else f"no max_tokens (up to {per_choice})"
+        raise RequestRejected(
+            400,
+            f"n={max(n, best_of)} x {asked} asks for more than this server's {limits.max_request_tokens} output "
+            "tokens per request; lower n or max_tokens",
+        )
+
+
+def _count(payload: dict[str, Any], key: str, default: int) -> int:
+    value = payload.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RequestRejected(400, f"{key!r} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def nesting_depth(value: Any, stop_at: int) -> int:
+    """Depth of nested lists/objects (a scalar is 0), counted without recursion; stops counting past `stop_at`."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > stop_at:
+            return deepest
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
