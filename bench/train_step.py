@@ -27,6 +27,9 @@ def reward_of(ids: list[int]) -> float:
 
 def make_data(path: Path, prompts: int, group: int, tokens: int) -> None:
     """Sample the completions once from the base model (fixed length, seeded), with their logprobs."""
+    from art_adapters.training.quiet import quiet_import_notes, quiet_loading
+
+    quiet_import_notes()  # optional kernels' import notes are not the bench's output
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,7 +37,8 @@ def make_data(path: Path, prompts: int, group: int, tokens: int) -> None:
 
     model_path = tiny_model_path()
     tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
     rows = []
     for text in (PROMPTS * 4)[:prompts]:

@@ -149,17 +149,27 @@ UNBOUNDED = {
         "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 5000) "
         "SELECT printf('%.60000c', 'x') AS a, printf('%.60000c', 'y') AS b FROM r"
     ),
+    # a sort of wide rows: SQLite spilled it to a temp file, 440 MB written in half a second
+    "sort_spill": (
+        "SELECT printf('%.3000c', 'x') || a.rowid || b.rowid AS s FROM order_items a, order_items b ORDER BY s DESC"
+    ),
 }
 PEAK_RSS = """
 import resource, sys
 from art_adapters.envs.sqlite import ReadOnlyDatabase, build_database
 db = ReadOnlyDatabase(build_database(sys.argv[1]))
+def written():
+    return int(dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())["wchar"])
+before = written()
 out = db.query(sys.argv[2])
-print(len(out), out[:60].replace("\\n", " "), out[-60:].replace("\\n", " "), "|", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+after = written()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+print(len(out), out[:60].replace("\\n", " "), out[-60:].replace("\\n", " "), "|", peak, (after - before) // 1024)
 """
 
 
-def peak_rss_mib(tmp_path: Path, sql: str) -> tuple[int, str]:
+def peak_rss_mib(tmp_path: Path, sql: str) -> tuple[int, int, str]:
+    """(peak RSS in MiB, KiB written by the query, the start and end of its output), in a fresh process."""
     done = subprocess.run(
         [sys.executable, "-c", PEAK_RSS, str(tmp_path / "shop.sqlite"), sql],
         capture_output=True,
@@ -167,23 +177,45 @@ def peak_rss_mib(tmp_path: Path, sql: str) -> tuple[int, str]:
         timeout=120,
         check=True,
     )
-    head, _, rss = done.stdout.rpartition("|")
-    return int(rss), head
+    head, _, numbers = done.stdout.rpartition("|")
+    rss, written = numbers.split()
+    return int(rss), int(written), head
 
 
 @pytest.mark.parametrize("name", sorted(UNBOUNDED))
-def test_hostile_queries_are_bounded_in_memory_and_output(tmp_path: Path, name: str) -> None:
-    baseline, _ = peak_rss_mib(tmp_path, "SELECT 1")
-    peak, out = peak_rss_mib(tmp_path, UNBOUNDED[name])
+def test_hostile_queries_are_bounded_in_memory_disk_and_output(tmp_path: Path, name: str) -> None:
+    baseline, _, _ = peak_rss_mib(tmp_path, "SELECT 1")
+    peak, written_kib, out = peak_rss_mib(tmp_path, UNBOUNDED[name])
     chars = int(out.split()[0])
     assert chars <= 4100, out  # max_chars (4000) plus the truncation note
     assert peak - baseline < 64, f"{name}: peak RSS grew {peak - baseline} MiB over a trivial query"
+    assert written_kib < 1024, f"{name}: the query wrote {written_kib} KiB (temp files)"
     if name == "zeroblob":
         assert "too big" in out
     elif name == "columns":
         assert "too many columns" in out
+    elif name == "sort_spill":
+        assert "needed more than 48 MiB of working memory" in out
     else:
         assert "truncated" in out or "more rows" in out
+
+
+async def test_a_sync_tool_bound_to_its_thread_keeps_working() -> None:
+    """Sync tools run in a worker thread; one holding an object bound to the thread that made it (a sqlite3
+    connection, as most tool code opens it) still answers, run where that object lives."""
+    import sqlite3
+
+    from art_adapters.envs.base import call_tool
+
+    conn = sqlite3.connect(":memory:")  # check_same_thread=True: usable in this thread only
+    conn.execute("CREATE TABLE t (x)")
+    conn.execute("INSERT INTO t VALUES (42)")
+
+    def lookup() -> str:
+        return str(conn.execute("SELECT x FROM t").fetchone()[0])
+
+    assert await call_tool({"lookup": lookup}, "lookup", "{}") == "42"
+    assert await call_tool({"lookup": lookup}, "lookup", "{}") == "42"  # remembered: no failed try first
 
 
 def test_default_database_lives_in_a_private_fresh_folder() -> None:

@@ -273,6 +273,25 @@ def test_dead_hanging_or_failing_langfuse_costs_a_bounded_delay_and_a_warning(mo
             receiver.stop()
 
 
+def test_an_unreachable_langfuse_is_one_line_not_a_retry_line_per_batch():
+    """Langfuse down for a whole run: one line says so; the SDK's exporter retries each batch silently."""
+    code = f"""
+import time
+from art_adapters.trajectories import Trajectory
+from art_adapters.tracing.langfuse import LangfuseExporter
+exporter = LangfuseExporter("{key()}", "sk", "{closed_port_url()}", timeout_s=1.0)
+for step in range(4):  # several batches, seconds apart, as steps of a run export them
+    exporter.export([Trajectory(messages_and_choices=[{{"role": "user", "content": "x"}}], reward=1.0)] * 3, step=step)
+    time.sleep(1.5)
+exporter.flush(1.0)
+exporter.close(1.0)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is not answering" in lines[0], proc.stderr[-3000:]
+
+
 def test_process_exit_is_bounded_when_langfuse_hangs():
     """No close(): the exporter's atexit hook bounds the SDK's own exit-time flush (timed to the last atexit hook,
     so the interpreter's own teardown of many modules does not count)."""

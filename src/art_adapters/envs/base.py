@@ -7,6 +7,8 @@ import inspect
 import json
 import math
 import re
+import sqlite3
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -134,8 +136,8 @@ async def call_tool(
             pass  # no introspectable signature (a builtin); let the call decide
         if inspect.iscoroutinefunction(fn):
             result = await fn(**kwargs)
-        else:  # a sync tool runs in a worker thread: a slow one never blocks the event loop
-            result = await asyncio.to_thread(fn, **kwargs)
+        else:
+            result = await _call_sync(fn, kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return result if isinstance(result, str) else json.dumps(result, default=str)
@@ -145,6 +147,23 @@ async def call_tool(
         raise
     except Exception as error:
         return f"Error: {name} raised {type(error).__name__}: {error}"
+
+
+_THREAD_BOUND: weakref.WeakSet[Any] = weakref.WeakSet()  # sync tools whose objects live in the loop's thread
+
+
+async def _call_sync(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """A sync tool runs in a worker thread, so a slow one never blocks the event loop; one that refuses to (it
+    holds an object bound to the thread that made it, such as a sqlite3 connection) runs in the loop's thread,
+    from then on."""
+    if fn not in _THREAD_BOUND:
+        try:
+            return await asyncio.to_thread(fn, **kwargs)
+        except sqlite3.ProgrammingError as error:
+            if "same thread" not in str(error):
+                raise
+            _THREAD_BOUND.add(fn)
+    return fn(**kwargs)
 
 
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e-?\d+)?$", re.IGNORECASE)

@@ -72,6 +72,7 @@ class LangfuseExporter:
         self._sdk_thread: threading.Thread | None = None
         self._errors = _ErrorCounter()
         self._handler_generations: HandlerGenerations | None = None
+        self._unreachable = _Unreachable(self, "Langfuse")
         self._client = self._make_client(public_key, secret_key, base_url)
         self._worker = threading.Thread(target=self._run, name="art-langfuse-export", daemon=True)
         self._worker.start()
@@ -103,6 +104,8 @@ class LangfuseExporter:
             self._warn(f"Langfuse export disabled: client failed to start: {error!r}")
             return None
         logging.getLogger("langfuse").addHandler(self._errors)
+        self._unreachable.url = base_url or "Langfuse"
+        self._unreachable.install()
         if self.skip_generations == "auto":
             self._handler_generations = install_recorder(client)
         return client
@@ -165,8 +168,9 @@ class LangfuseExporter:
             return False
         ok = self._sdk_call(self._client.flush, max(deadline - time.monotonic(), 0.0), "flush")
         errors = self._errors.take()
-        if errors:
-            self._warn(f"Langfuse reported {len(errors)} export error(s); last: {errors[-1]}")
+        if errors or self._unreachable.failures:
+            if not self._unreachable.said and errors:  # an unreachable Langfuse was already said, once
+                self._warn(f"Langfuse reported {len(errors)} export error(s); last: {errors[-1]}")
             return False
         return ok
 
@@ -197,6 +201,13 @@ class LangfuseExporter:
         self.close()
 
     # -- worker ---------------------------------------------------------------------------------------------
+    def _say_unreachable(self, url: str) -> None:
+        log.warning(
+            "Langfuse at %s is not answering: traces are not sent until it does (training is not affected; "
+            "further export failures are not printed)",
+            url,
+        )
+
     def _atexit(self) -> None:
         self.close(min(self.timeout_s, 2.0))
 
@@ -332,9 +343,10 @@ class LangfuseExporter:
             self._sdk_thread.start()
         self._sdk_thread.join(timeout)
         if self._sdk_thread.is_alive():
-            self._warn(
-                f"Langfuse {what} did not finish within {timeout:.1f}s (server slow or down); continuing"
-            )
+            if not self._unreachable.said:  # a Langfuse known not to answer was already said, once
+                self._warn(
+                    f"Langfuse {what} did not finish within {timeout:.1f}s (server slow or down); continuing"
+                )
             return False
         return True
 
@@ -366,6 +378,37 @@ def _flatten(items: Exportable, group_index: int | None) -> list[tuple[int | Non
         elif isinstance(item, Trajectory):
             out.append((group_index, gi, item))
     return out
+
+
+class _Unreachable(logging.Filter):
+    """Takes the OpenTelemetry exporter's per-batch retry and failure lines off the log: the first one becomes a
+    single warning that Langfuse is not answering; the rest are only counted. It stays on those loggers after
+    `close()` (the SDK's bounded shutdown may still be retrying in its own thread)."""
+
+    LOGGERS = (
+        "opentelemetry.exporter.otlp.common.http",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    )
+
+    def __init__(self, exporter: LangfuseExporter, url: str) -> None:
+        super().__init__()
+        self.exporter = exporter
+        self.url = url
+        self.failures = 0
+        self.said = False
+
+    def install(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        self.failures += 1
+        if not self.said:
+            self.said = True
+            self.exporter._say_unreachable(self.url)
+        return False
 
 
 class _ErrorCounter(logging.Handler):
