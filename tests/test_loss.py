@@ -168,3 +168,32 @@ def test_truncated_importance_sampling_caps_the_sampler_weight() -> None:
     g = grad_of(loss, new)
     assert g.tolist() == pytest.approx([-2.0 / 2, -1.0 / 2])  # weight min(e^3, 2) = 2; unknown: weight 1
     assert sums["clipped"] == 0
+
+
+@pytest.mark.parametrize("variant", ["grpo", "gspo", "cispo"])
+def test_fresh_tokens_get_the_synchronous_loss_and_stale_ones_the_decoupled_correction(variant: str) -> None:
+    """Async training: at zero staleness the loss (value and gradient) is exactly the synchronous one, bit for bit;
+    a token an older policy sampled is weighted by the truncated behaviour ratio against the pre-step policy,
+    and never clipped away by the gap to the policy that sampled it."""
+    lengths = [4, 4]
+    new, adv, index = batch(lengths, seed=3)
+    gen = torch.Generator().manual_seed(7)
+    sampled = new.detach() + torch.randn(8, generator=gen, dtype=torch.float64) * 0.8  # far from the trainer
+    config, totals = TrainConfig(loss=variant, off_policy_cap=2.0), StepTotals(8, 2)
+    sync, sync_sums = policy_loss(new, sampled, adv, index, config, totals)
+    fresh, fresh_sums = policy_loss(new, sampled, adv, index, config, totals, staleness=torch.zeros(8))
+    sync_grad = grad_of(sync, new)
+    assert torch.equal(sync, fresh) and torch.equal(sync_grad, grad_of(fresh, new))
+    assert fresh_sums["stale"] == 0
+
+    staleness = torch.tensor([0, 0, 0, 0, 2, 2, 2, 2], dtype=torch.float64)
+    loss, sums = policy_loss(new, sampled, adv, index, config, totals, staleness=staleness)
+    assert sums["stale"] == 4 and sums["staleness"] == 8
+    grad = grad_of(loss, new)
+    assert torch.equal(grad[:4], sync_grad[:4])  # the fresh trajectory is untouched
+    weight = torch.clamp(torch.exp(new.detach() - sampled), max=2.0)[4:]
+    if variant == "gspo":  # the stale trajectory's ratio is 1 in value, so its tokens are not clipped
+        expected = -adv[4:] * weight / (4 * 2)
+    else:
+        expected = -adv[4:] * weight / 8
+    assert torch.allclose(grad[4:], expected, atol=1e-12), (grad[4:], expected)

@@ -39,6 +39,14 @@ class TrainConfig(BaseModel):
         gt=0,
         description="TIS: cap the importance weight of the sampler's tokens at this value (None = no cap).",
     )
+    off_policy_cap: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Async training: the truncation of the importance weight (pre-step policy / sampling policy) that "
+            "corrects tokens an older policy sampled (see training/loss.py)."
+        ),
+    )
     train_unkept_choices: bool = Field(
         default=False,
         description="n > 1: also train the choices the agent did not keep, under the trajectory's reward.",

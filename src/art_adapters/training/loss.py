@@ -9,6 +9,11 @@ role, a trajectory without one counting its overall reward; see `role_advantages
   cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new; by default no lower clip (epsilon 1), upper 4.
   tis:    with truncated_importance_sampling=C the ratio is taken against the trainer's own pre-step policy
           (r = 1 in value) and each token weighted by min(exp(logp_pre - logp_sampled), C) (Yao et al. 2025).
+  stale:  a token sampled by an older policy (async training: staleness = trainer step - the version that sampled
+          it) gets decoupled PPO (Hilton et al. 2021, as AReaL): its ratio is clipped against the pre-step policy
+          and the behaviour gap becomes the truncated weight min(exp(logp_pre - logp_sampled), off_policy_cap),
+          the tis formula; tokens of the current policy (staleness 0, or unknown) get the plain loss, so a step
+          on fresh rollouts is exactly the synchronous step.
   beta:   + beta * k3 per token, k3 = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1 (ref = adapter off).
   token:      normalization sums the step's per-token losses and divides by the step's trained tokens.
   sequence:   normalization averages each trajectory's tokens, then averages over the step's trajectories.
@@ -83,11 +88,13 @@ def policy_loss(
     config: TrainConfig,
     totals: StepTotals,
     ref_logprobs: torch.Tensor | None = None,
+    staleness: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch's trained tokens (1-D tensors, one entry per trained token).
 
     `sequence_index[t]` numbers the token's trajectory inside the micro-batch (0..n-1; a trajectory is never split
     across micro-batches). NaN sampled logprobs (none returned, or excluded) count as on-policy (ratio 1).
+    `staleness[t]`: steps between the trainer and the policy that sampled the token (None: all current).
     Returns the loss to backpropagate and sums for the step's metrics (divide by `tokens`).
     """
     # 1. Log-ratio against the sampling policy, per token.
@@ -99,11 +106,19 @@ def policy_loss(
     tokens_of_seq = seq_tokens[sequence_index]
 
     # 2. The importance ratio: per token, or (GSPO) the trajectory's geometric mean, with per-token gradient; with
-    #    TIS, against the trainer's pre-step policy, the sampler's mismatch becomes a capped per-token weight.
+    #    TIS (every token) or for stale tokens (async), against the trainer's pre-step policy, the sampler's
+    #    mismatch becomes a capped per-token weight.
     tis = torch.ones_like(new_logprobs)
     if config.truncated_importance_sampling is not None:
-        tis = torch.clamp(torch.exp(new_logprobs.detach() - old), max=config.truncated_importance_sampling)
-        log_ratio = new_logprobs - new_logprobs.detach()
+        proximal, cap = torch.ones_like(new_logprobs, dtype=torch.bool), config.truncated_importance_sampling
+    else:
+        proximal, cap = torch.zeros_like(new_logprobs, dtype=torch.bool), config.off_policy_cap
+        if staleness is not None:
+            proximal = staleness > 0
+    if bool(proximal.any()):
+        weight = torch.clamp(torch.exp(new_logprobs.detach() - old), max=cap)
+        tis = torch.where(proximal, weight, tis)
+        log_ratio = torch.where(proximal, new_logprobs - new_logprobs.detach(), log_ratio)
     if config.loss == "gspo":
         seq_log_ratio = torch.zeros_like(seq_tokens).index_add_(0, sequence_index, log_ratio.detach())
         seq_log_ratio = (seq_log_ratio / seq_tokens)[sequence_index]
@@ -139,6 +154,8 @@ def policy_loss(
     sums = {
         "loss": float(loss.detach()),
         "tokens": float(new_logprobs.numel()),
+        "staleness": float(staleness.sum()) if staleness is not None else 0.0,
+        "stale": float((staleness > 0).sum()) if staleness is not None else 0.0,
         "clipped": float(clipped.sum()),
         "ratio": float(ratio.detach().sum()),
         "kl": float(kl.detach().sum()),

@@ -39,6 +39,7 @@ class Sample:
     source: CallSource | None = None
     trained: bool = True  # False: chained as context only (its call is not among `train_on`)
     origin: Literal["captured", "choice", "text"] = "captured"
+    policy_version: int | None = None  # the training step whose weights sampled it (None: not known)
 
     @property
     def sampled(self) -> bool:
@@ -196,6 +197,7 @@ def _samples_of_call(call: LLMCall) -> list[Sample]:
                 temperature=temperature,
                 excluded=excluded,
                 source=call.source,
+                policy_version=call.policy_version,
             )
         )
     return samples
@@ -237,6 +239,7 @@ def _samples_of_choices(
                 temperature=temperature,
                 excluded=excluded,
                 origin="choice",
+                policy_version=_extra(item, "policy_version"),
             )
         )
     return samples

@@ -60,6 +60,7 @@ class TrainSequence:
     roles: list[tuple[str, ...]] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)
     captured: list[bool] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)  # the policy version that sampled each token
     role_advantages: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -76,6 +77,11 @@ class TrainSequence:
     @property
     def num_trained_captured(self) -> int:
         return sum(1 for m, c in zip(self.trained_mask, self.captured, strict=True) if m and c)
+
+    def staleness_at(self, position: int, step: int) -> int:
+        """How many steps behind the trainer (at `step`) the policy that sampled this token is (0 if unknown)."""
+        version = self.versions[position] if self.versions else None
+        return max(step - version, 0) if version is not None else 0
 
     def advantage_at(self, position: int) -> float:
         """The advantage of the trained token at `position`: its role's (the first of its role names with a
@@ -210,6 +216,7 @@ def sequences_from_samples(
         sequence.roles += [()] * len(context) + [role] * n
         sequence.sampled += [True] * len(context) + [sample.sampled] * n
         sequence.captured += [True] * len(context) + [sample.origin == "captured"] * n
+        sequence.versions += [None] * len(context) + [sample.policy_version] * n
 
     out = TokenizedTrajectory()
     for sequence in sequences:
@@ -217,7 +224,11 @@ def sequences_from_samples(
             out.truncated_tokens += sum(sequence.trained_mask[max_seq_len:])
             del sequence.input_ids[max_seq_len:], sequence.trained_mask[max_seq_len:]
             del sequence.sampled_logprobs[max_seq_len:], sequence.roles[max_seq_len:]
-            del sequence.sampled[max_seq_len:], sequence.captured[max_seq_len:]
+            del (
+                sequence.sampled[max_seq_len:],
+                sequence.captured[max_seq_len:],
+                sequence.versions[max_seq_len:],
+            )
         # Position 0 has no prefix to predict it from, so it is never trained.
         if sequence.trained_mask and sequence.trained_mask[0]:
             sequence.trained_mask[0] = 0

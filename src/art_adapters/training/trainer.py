@@ -194,7 +194,15 @@ class Trainer:
         totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), trajectories=trajectories)
         self._seed_step()
         self.model.train()
-        sums = {"loss": 0.0, "tokens": 0.0, "clipped": 0.0, "ratio": 0.0, "kl": 0.0}
+        sums = {
+            "loss": 0.0,
+            "tokens": 0.0,
+            "clipped": 0.0,
+            "ratio": 0.0,
+            "kl": 0.0,
+            "staleness": 0.0,
+            "stale": 0.0,
+        }
         batches = pack_micro_batches(
             [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
         )
@@ -210,6 +218,8 @@ class Trainer:
             mean_ratio=sums["ratio"] / tokens,
             sequences=len(sequences),
             micro_batches=len(batches),
+            stale_tokens=int(sums["stale"]),
+            token_steps_off_policy=sums["staleness"] / tokens,
         )
         if config.beta > 0:
             metrics["kl"] = sums["kl"] / tokens
@@ -328,6 +338,7 @@ class Trainer:
         for sequence in batch:
             units.setdefault(trajectory_of(sequence), len(units))
         seq_index = torch.tensor([units[trajectory_of(batch[b])] for b, _ in flat], dtype=torch.long)
+        staleness = torch.tensor([batch[b].staleness_at(t, self.step) for b, t in flat], dtype=torch.float32)
         return policy_loss(
             new,
             sampled.to(self.device),
@@ -336,6 +347,7 @@ class Trainer:
             config,
             totals,
             ref_logprobs=ref,
+            staleness=staleness.to(self.device),
         )
 
     # --- supervised step ---------------------------------------------------------------------------------
