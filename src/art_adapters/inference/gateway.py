@@ -268,19 +268,20 @@ class Gateway:
         except RequestRejected as error:
             return openai_error(error.status, str(error))
         requested = payload.get("model") or ""
-        target = self.resolve(requested)
-        if isinstance(target, str):
-            return openai_error(404, target, "not_found")
-        model, version = target
         if not await self._engine_ready(wait_s=300.0):
             return openai_error(503, "the inference engine is restarting; try again", "unavailable")
-        if version.adapter not in self.server.loras:  # an older version asked for by name: load it again
-            assert self._lock is not None
-            async with self._lock:
+        assert self._lock is not None
+        async with self._lock:  # publishes, loads and unloads hold it: no version changes under a request
+            target = self.resolve(requested)
+            if isinstance(target, str):
+                return openai_error(404, target, "not_found")
+            model, version = target
+            if version.adapter not in self.server.loras:  # an older version asked for by name: load it again
                 try:
                     await self.server.load_lora(version.adapter, version.path)
                 except (InferenceServerError, ValueError, OSError) as error:
                     return openai_error(404, f"model {requested!r} cannot be served: {error}", "not_found")
+            self._began(version)
         payload["model"] = version.adapter
         headers = end_to_end_headers(request.headers)
 
@@ -299,7 +300,6 @@ class Gateway:
                     break
             return upstream() if await self._engine_ready(wait_s=600.0) else None
 
-        self._began(version)
         return Forwarded(
             self.client,
             upstream(),
