@@ -229,7 +229,9 @@ class Pipeline(Generic[S]):
                 await self._consumed(1)
                 if self._usable(group, step):
                     batch.append(group)
-            if not batch:
+                if self._done:
+                    break
+            if not batch or self._done:
                 break
             waited_s = time.monotonic() - began
             async with self._policy:
@@ -271,7 +273,7 @@ class Pipeline(Generic[S]):
         if _no_signal(group):
             self.zero_variance_groups += 1
             limit = self.pipeline.max_zero_variance_groups
-            if limit is not None and self.zero_variance_groups >= limit:
+            if limit is not None and self.zero_variance_groups == limit:
                 log.error(
                     "%d groups had equal rewards for every trajectory: the policy may have collapsed; stopping "
                     "(lower the learning rate, or check the reward's variance)",

@@ -79,3 +79,24 @@ def test_langgraph_agent_trains_with_init_chat_model(tmp_path: Path) -> None:
     )  # every rollout's calls were captured
     folder = tmp_path / "langgraph" / "models" / "capitals-001"
     assert (folder / "checkpoints" / "0002").is_dir()
+
+
+def test_arts_pipeline_example_trains_with_its_pipeline_trainer(tmp_path: Path) -> None:
+    """ART's yes/no/maybe pipeline example, its backend swapped for ours: rollouts overlap the steps, ART's pipeline
+    metrics land in history.jsonl (the example reads `train/reward_std_dev` back), eval runs every 2 steps."""
+    out = run_script(
+        "yes_no_maybe_pipeline.py",
+        tmp_path,
+        *("--steps", "3", "--rollouts-per-scenario", "8", "--groups-per-step", "2", "--workers", "3"),
+        *("--eval-scenarios", "4", "--learning-rate", "1e-3", "--warm-start", "4"),
+    )
+    assert len(trained_tokens(out)) == 3 and min(trained_tokens(out)) > 0, out
+    folder = tmp_path / "yes-no-maybe-pipeline" / "models" / "pipeline-yes-no-maybe"
+    assert (folder / "checkpoints" / "0004").is_dir()  # the warm start, then three pipeline steps
+    rows = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [r["step"] for r in train] == [2, 3, 4]
+    assert all(0 <= r["train/steps_off_policy"] <= 1 and r["train/discarded_stale_groups"] >= 0 for r in train)
+    assert [r["step"] for r in rows if r.get("split") == "val"] == [3]
+    state = json.loads((folder / "state.json").read_text())
+    assert state["_pipeline_trainer"]["training_step"] == 4

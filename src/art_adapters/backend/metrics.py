@@ -20,9 +20,12 @@ def rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
     total = len(rewards) + exceptions
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
+    within = [_std([t.reward for t in g.trajectories]) for g in groups if g.trajectories]
     out = {
         "reward_mean": mean,
         "reward_std": std,
+        # ART's name: the mean of each group's own reward std (the spread GRPO learns from)
+        "reward_std_dev": sum(within) / len(within) if within else 0.0,
         "trajectories": float(len(rewards)),
         "exceptions": float(exceptions),
         "exception_rate": exceptions / total if total else 0.0,
@@ -32,6 +35,13 @@ def rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
         values = [float(t.metrics[key]) for t in trajectories if isinstance(t.metrics.get(key), int | float)]
         out.setdefault(f"metric/{key}", sum(values) / len(values))
     return out
+
+
+def _std(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
 def best_step(history: list[dict[str, Any]], metric: str, steps: set[int]) -> int | None:

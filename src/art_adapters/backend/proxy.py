@@ -12,6 +12,7 @@ import httpx
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
@@ -189,6 +190,8 @@ class InferenceProxy:
             payload = parse_request(await request.body(), self.limits)
         except RequestRejected as error:
             return openai_error(error.status, str(error))
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            return Response(status_code=499)
         requested = payload.get("model") or ""
         target = self.resolve(requested)
         if isinstance(target, str):

@@ -15,6 +15,7 @@ It runs an ASGI server on 127.0.0.1 in a thread of its own (with its own event l
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hmac
 import logging
 import re
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 
 import httpx
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -131,6 +132,9 @@ class Gateway:
 
         self._thread = threading.Thread(target=run, name=f"art-gateway-{self.port}", daemon=True)
         self._thread.start()
+        atexit.register(
+            self.stop
+        )  # before the engines are killed at exit (atexit runs last-in first): no restarts
         started.wait(30)
         deadline = time.monotonic() + 30
         while not self._uvicorn.started and time.monotonic() < deadline and self._thread.is_alive():
@@ -143,6 +147,7 @@ class Gateway:
         """Stop serving (requests in flight get `timeout_s` to finish); the vLLM server is left as it is."""
         if self._thread is None:
             return
+        atexit.unregister(self.stop)
         self._uvicorn.should_exit = True
         self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -267,6 +272,8 @@ class Gateway:
             )
         except RequestRejected as error:
             return openai_error(error.status, str(error))
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            return Response(status_code=499)
         requested = payload.get("model") or ""
         if not await self._engine_ready(wait_s=300.0):
             return openai_error(503, "the inference engine is restarting; try again", "unavailable")
