@@ -100,11 +100,14 @@ class DevLoRAConfig(TypedDict, total=False):
 
 
 class InternalModelConfig(TypedDict, total=False):
-    """ART's `art.dev.InternalModelConfig` (`TrainableModel(_internal_config=...)`); see `internal_settings`."""
+    """ART's `art.dev.InternalModelConfig` (`TrainableModel(_internal_config=...)`); see `internal_settings`.
+    `trainer_gpu_ids` / `inference_gpu_ids`: ART's dedicated placement (trainer and engine on their own GPUs)."""
 
     init_args: InitArgs
     engine_args: EngineArgs
     trainer_args: TrainerArgs
+    trainer_gpu_ids: list[int]
+    inference_gpu_ids: list[int]
 
 
 class ServerArgs(TypedDict, total=False):
@@ -247,6 +250,11 @@ def internal_settings(internal: dict[str, Any] | None) -> tuple[dict[str, Any], 
     inference: dict[str, Any] = {}
     train: dict[str, Any] = {}
     for section, values in (internal or {}).items():
+        if section in ("trainer_gpu_ids", "inference_gpu_ids"):
+            ids = gpu_ids(values, f"_internal_config.{section}")
+            if section == "inference_gpu_ids" and ids:
+                inference["gpu_ids"] = ids
+            continue
         values = dict(values or {})
         if section == "init_args":
             for key, value in values.items():
@@ -265,19 +273,46 @@ def internal_settings(internal: dict[str, Any] | None) -> tuple[dict[str, Any], 
             if unknown:
                 raise UnsupportedARTSetting(f"_internal_config.trainer_args {unknown} are not supported")
             train.update(values)
+        elif section in ("trainer_gpu_ids", "inference_gpu_ids"):
+            continue  # placement: `gpu_ids` below
         else:
             raise UnsupportedARTSetting(
-                f"_internal_config.{section} is not supported (supported: init_args, engine_args, "
-                "trainer_args); for chat_template_kwargs pass extra_body={'chat_template_kwargs': ...} per request"
+                f"_internal_config.{section} is not supported (supported: init_args, engine_args, trainer_args, "
+                "trainer_gpu_ids, inference_gpu_ids); for chat_template_kwargs pass "
+                "extra_body={'chat_template_kwargs': ...} per request"
             )
     return inference, train
 
 
-def check_openai_client_config(config: dict[str, Any] | None) -> None:
-    """ART's `register(model, _openai_client_config=...)`: engine settings belong to the backend here."""
-    if config and any(config.get(key) for key in config):
+def gpu_ids(value: Any, where: str) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple) or not all(isinstance(i, int) and i >= 0 for i in value):
+        raise UnsupportedARTSetting(f"{where} must be a list of GPU indices, not {value!r}")
+    return list(value)
+
+
+def openai_client_engine_args(config: dict[str, Any] | None) -> dict[str, Any]:
+    """ART's `register(backend, _openai_client_config=...)`: its `engine_args` that cannot harm the host (the
+    fields of EngineArgs) become this registration's inference settings, honoured by a LocalBackend (a shared
+    server keeps every engine setting its operator's). Other engine args and any `server_args` (the engine's
+    command line, its environment, its parsers) are refused."""
+    config = dict(config or {})
+    if config.get("server_args"):
         raise UnsupportedARTSetting(
-            "register(_openai_client_config=...) is not supported: set engine options on the backend "
-            "(LocalBackend(inference=InferenceConfig(...)) or `art-adapters serve` flags), or "
-            "_internal_config=InternalModelConfig(engine_args=...) on the model"
+            f"register(_openai_client_config=...): server_args {sorted(config['server_args'])} are not supported "
+            "(the engine's command line is the backend's: LocalBackend(inference=InferenceConfig(...)))"
         )
+    unknown_sections = sorted(k for k, v in config.items() if v and k not in ("engine_args", "server_args"))
+    if unknown_sections:
+        raise UnsupportedARTSetting(
+            f"register(_openai_client_config=...): {unknown_sections} are not supported"
+        )
+    engine = dict(config.get("engine_args") or {})
+    unknown = sorted(set(engine) - _ENGINE_FIELDS)
+    if unknown:
+        raise UnsupportedARTSetting(
+            f"register(_openai_client_config=...): engine_args {unknown} are not supported (supported: "
+            f"{sorted(_ENGINE_FIELDS)})"
+        )
+    return engine

@@ -31,6 +31,7 @@ MODEL_INFERENCE_FIELDS = frozenset(
         "enable_sleep_mode",
         "max_lora_rank",
         "max_loras",
+        "gpu_ids",
     }
 )
 
@@ -208,6 +209,7 @@ class TrainableModel(Model):
         description=f"Inference-server settings this model asks for: {sorted(MODEL_INFERENCE_FIELDS)}.",
     )
     _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
+    _client_engine_args: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def __init__(self, **data: Any) -> None:
         internal = data.pop("_internal_config", None)
@@ -227,11 +229,20 @@ class TrainableModel(Model):
         return value
 
     def inference_settings(self) -> dict[str, Any]:
-        """The inference settings asked for: `_internal_config.engine_args` (ART), then `inference`."""
+        """The inference settings asked for: `_internal_config` (ART's engine_args, inference_gpu_ids), then
+        `register(_openai_client_config=...)`'s engine_args, then `inference`."""
         from .compat import internal_settings
 
         engine, _ = internal_settings(self._internal_config)
-        return self._inference_fields({**engine, **self.inference})
+        return self._inference_fields({**engine, **self._client_engine_args, **self.inference})
+
+    def trainer_gpu_ids(self) -> list[int]:
+        """ART's `_internal_config.trainer_gpu_ids`: the GPUs the trainer runs on (empty: the default device)."""
+        from .compat import gpu_ids
+
+        return gpu_ids(
+            (self._internal_config or {}).get("trainer_gpu_ids"), "_internal_config.trainer_gpu_ids"
+        )
 
     def train_defaults(self, config: TrainConfig | None) -> TrainConfig:
         """`config` with the fields it leaves unset taken from `_internal_config` (init_args, trainer_args)."""
@@ -247,10 +258,11 @@ class TrainableModel(Model):
         return base if step is None else f"{base}@{step}"
 
     async def register(self, backend: Backend, _openai_client_config: dict[str, Any] | None = None) -> None:
-        from .compat import check_openai_client_config
+        from .compat import openai_client_engine_args
 
-        check_openai_client_config(_openai_client_config)
+        self._client_engine_args = openai_client_engine_args(_openai_client_config)
         self.inference_settings()  # an unsupported _internal_config fails here, before any server starts
+        self.trainer_gpu_ids()
         await super().register(backend)
 
     async def get_step(self) -> int:

@@ -199,8 +199,17 @@ async def test_internal_config_and_register_options(
     assert (config.max_seq_len, config.max_grad_norm) == (512, 0.5)
     await model.train(groups(), config=art.TrainConfig(max_seq_len=128))  # an explicit field wins
     assert backend.steps[-1][0].max_seq_len == 128
-    with pytest.raises(art.UnsupportedARTSetting, match="_openai_client_config"):
-        await model.register(backend, _openai_client_config={"engine_args": {"enforce_eager": True}})
+    # engine settings that cannot harm the host are this registration's; the rest are refused
+    await model.register(backend, _openai_client_config={"engine_args": {"enforce_eager": True}})
+    assert model.inference_settings() == {"enforce_eager": True}
+    refused = [
+        ({"engine_args": {"extra_args": ["--trust-remote-code"]}}, "engine_args \\['extra_args'\\]"),
+        ({"server_args": {"tool_call_parser": "llama3_json"}}, "server_args"),
+        ({"env": {"LD_PRELOAD": "/x.so"}}, "\\['env'\\] are not supported"),
+    ]
+    for config, message in refused:
+        with pytest.raises(art.UnsupportedARTSetting, match=message):
+            await model.register(backend, _openai_client_config=config)
 
 
 async def test_train_sft_takes_arts_config(registered: tuple[RecordingBackend, art.TrainableModel]) -> None:

@@ -26,11 +26,23 @@ log = logging.getLogger(__name__)
 class LocalBackend(ARTTraining):
     """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`).
 
+    Placement on CUDA: `trainer_gpu_ids` and `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config`
+    `trainer_gpu_ids` / `inference_gpu_ids`) put the trainer and the engine on their own GPUs, so the engine
+    never sleeps during a step (the async pipeline's setting); sharing one GPU, the engine sleeps while a step
+    trains (requests in flight finish first). On the CPU both simply run.
+
     Use it as is, or as a context manager (`with` / `async with`) that stops its servers on exit."""
 
-    def __init__(self, path: str | Path = ".art", *, inference: InferenceConfig | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path = ".art",
+        *,
+        inference: InferenceConfig | None = None,
+        trainer_gpu_ids: list[int] | None = None,
+    ) -> None:
         self.path = Path(path).resolve()
         self.inference = inference
+        self.trainer_gpu_ids = list(trainer_gpu_ids or [])
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
         self._models: dict[Path, Registered] = {}  # by model folder
@@ -312,6 +324,12 @@ class LocalBackend(ARTTraining):
         ours = await asyncio.to_thread(trainer.logprobs_of, token_ids)
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
+    def dedicated(self, state: Registered) -> bool:
+        """Whether the model's trainer and its engine have GPUs of their own (then the engine never sleeps)."""
+        trainer = set(self.trainer_gpu_ids or state.model.trainer_gpu_ids())
+        engine = set(state.server.config.gpu_ids or [])
+        return bool(trainer and engine and not trainer & engine)
+
     # ------------------------------------------------------------------ internals
     def _registered(self, model: TrainableModel) -> Registered:
         state = self._models.get(self.model_dir(model))
@@ -347,7 +365,8 @@ class LocalBackend(ARTTraining):
         from ..training import checkpoints
         from ..training.trainer import Trainer
 
-        trainer = Trainer(model.base_model, model.lora)
+        gpus = self.trainer_gpu_ids or model.trainer_gpu_ids()
+        trainer = Trainer(model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None)
         steps = checkpoints.list_steps(directory)
         if steps:
             trainer.load(checkpoints.checkpoint_dir(directory, steps[-1]))
@@ -365,7 +384,9 @@ class LocalBackend(ARTTraining):
         trainer = state.trainer or await asyncio.to_thread(self._load_trainer, state.model, state.directory)
         state.trainer = trainer
         before = trainer.step
-        await state.server.sleep()
+        dedicated = self.dedicated(state)
+        if not dedicated:
+            await state.server.sleep()
         try:
             return await asyncio.to_thread(work, trainer)
         except BaseException:
@@ -375,7 +396,8 @@ class LocalBackend(ARTTraining):
                 state.trainer = None
             raise
         finally:
-            await state.server.wake_up()
+            if not dedicated:
+                await state.server.wake_up()
 
     async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
         """Save the trainer's new step (a copy of the last checkpoint when the weights are `unchanged`), serve it."""

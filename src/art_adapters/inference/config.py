@@ -35,6 +35,13 @@ class InferenceConfig(BaseModel):
     max_num_seqs: int | None = Field(None, gt=0, description="vLLM's --max-num-seqs (None: vLLM's default).")
     enforce_eager: bool = Field(False, description="vLLM's --enforce-eager (no CUDA graphs).")
     gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="CUDA only.")
+    gpu_ids: list[int] | None = Field(
+        None,
+        description=(
+            "CUDA only: the GPUs vLLM runs on (CUDA_VISIBLE_DEVICES of its process); with the trainer on others "
+            "(ART's dedicated mode) the engine never sleeps during a step."
+        ),
+    )
     enable_sleep_mode: bool | None = Field(None, description="CUDA only; None → True on CUDA, False on CPU.")
     logprobs_mode: LogprobsMode = Field(
         "processed_logprobs",

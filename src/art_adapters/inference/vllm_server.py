@@ -173,6 +173,8 @@ class VLLMServer:
         )
         if not self.on_cuda:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
+        if self.config.gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.config.gpu_ids)
         env.update(self.config.extra_env)
         env["VLLM_API_KEY"] = self.api_key  # operator settings may not unset the guard
         return env
