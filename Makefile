@@ -38,6 +38,7 @@ bench: venv
 	$(BIN)/python bench/rollout_throughput.py
 	$(BIN)/python bench/train_step.py
 	$(BIN)/python bench/fidelity.py
+	$(BIN)/python bench/async_pipeline.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples

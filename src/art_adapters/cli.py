@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--warm-epochs", type=int, default=None, help="epochs of the SFT warm start (default 32)"
     )
+    demo.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="roll out while the trainer steps (versioned weights, one step off-policy at most)",
+    )
 
     commands.add_parser(
         "serve",
@@ -71,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo_command
 
         run_demo_command(
-            path=args.path, steps=args.steps, out=args.out, family=args.family, warm_epochs=args.warm_epochs
+            path=args.path,
+            steps=args.steps,
+            out=args.out,
+            family=args.family,
+            warm_epochs=args.warm_epochs,
+            async_mode=args.async_mode,
         )
     elif args.command == "report":
         from .report import report_command

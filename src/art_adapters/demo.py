@@ -128,6 +128,61 @@ async def evaluate(model: TrainableModel, samples_per_scenario: int, seed: int) 
     return float(metrics["val/metric/success"])
 
 
+async def served_swap(backend: Any, model: TrainableModel, groups: list[TrajectoryGroup]) -> float:
+    """Max |vLLM - trainer| logprob on a sampled sequence under the newest version: the swap really happened."""
+    probe = next(c for g in groups for t in g for c in t.llm_calls if c.completion_token_ids)
+    sequence = [*(probe.prompt_token_ids or []), *(probe.completion_token_ids or [])]
+    return float(await backend.served_logprob_diff(model, sequence))
+
+
+async def train_demo_async(
+    model: TrainableModel,
+    backend: Any,
+    config: TrainConfig,
+    steps: int,
+    group_size: int,
+    seed: int,
+    show: Any,
+    *,
+    max_steps_off_policy: int = 1,
+) -> list[Any]:
+    """The same steps with rollouts that never wait for training: every scenario's group is rolled out while the
+    trainer steps on the groups before it (at most `max_steps_off_policy` steps stale)."""
+    from .pipeline import PipelineConfig, train_async
+
+    def scenarios() -> Any:
+        for k in range(10**9):  # the sync loop's seeds, scenario after scenario
+            request, target = SCENARIOS[k % len(SCENARIOS)]
+            step_seed = (seed + 1) * 1_000_003 + (k // len(SCENARIOS)) * 10_007
+            yield request, target, step_seed + 2 * (k % len(SCENARIOS)) * group_size
+
+    async def rollout_group(model: TrainableModel, scenario: tuple[str, str, int]) -> TrajectoryGroup:
+        request, target, first_seed = scenario
+        group = TrajectoryGroup(
+            rollout(model, request, target, first_seed + 2 * i) for i in range(group_size)
+        )
+        return (await gather_trajectory_groups([group], pbar_desc=None))[0]
+
+    last = time.perf_counter()
+
+    async def on_step(report: Any, batch: list[TrajectoryGroup]) -> None:
+        nonlocal last
+        if show is not None:
+            swap = await served_swap(backend, model, batch)
+            show(report.step, report.metrics, swap, time.perf_counter() - last)
+        last = time.perf_counter()
+
+    pipeline = PipelineConfig(
+        rollout_workers=len(SCENARIOS),
+        groups_per_step=len(SCENARIOS),
+        max_steps_off_policy=max_steps_off_policy,
+        max_steps=steps,
+    )
+    return await train_async(
+        model, rollout_group, scenarios(), config=config, pipeline=pipeline, on_step=on_step, resume=False
+    )
+
+
 # --- the run ----------------------------------------------------------------------------------------------------
 async def run_demo(
     path: str | Path = ".art",
@@ -143,6 +198,7 @@ async def run_demo(
     out: str | Path | None = None,
     seed: int = 0,
     family: str = "byte",
+    async_mode: bool = False,
 ) -> dict[str, float]:
     from .backend.local import LocalBackend
     from .inference import InferenceConfig
@@ -171,30 +227,37 @@ async def run_demo(
         )
         print(f"    warm start: {sft['batches']} SFT steps, final loss {sft['final_loss']:.3f}", flush=True)
         success_start = await evaluate(model, eval_samples, seed=seed * 7919 + 1)
-        print(f"3/4 success at step 0: {success_start:.3f}; GRPO steps:", flush=True)
+        overlap = " (async: rollouts never wait for a step)" if async_mode else ""
+        print(f"3/4 success at step 0: {success_start:.3f}; GRPO steps{overlap}:", flush=True)
         print(
             f"{'step':>4} {'success':>7} {'reward':>7} {'loss':>8} {'grad':>7} {'clip':>6} {'tokens':>7} {'swap':>8} {'sec':>6}"
         )
         curve: list[tuple[int, float]] = []
         config = TrainConfig(learning_rate=learning_rate, seed=seed)
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step_seed = (seed + 1) * 1_000_003 + len(curve) * 10_007
-            groups = await gather_trajectory_groups(
-                scenario_groups(model, group_size, step_seed), pbar_desc="rollouts"
-            )
-            metrics = await model.train(groups, config=config)
-            step = await model.get_step()
-            probe = next(c for g in groups for t in g for c in t.llm_calls if c.completion_token_ids)
-            sequence = [*(probe.prompt_token_ids or []), *(probe.completion_token_ids or [])]
-            swap = await backend.served_logprob_diff(model, sequence)  # the new adapter is what vLLM serves
-            curve.append((step - 1, metrics["metric/success"]))
+
+        def show(step: int, metrics: dict[str, float], swap: float, seconds: float) -> None:
+            success = metrics.get("metric/success", metrics.get("train/metric/success", 0.0))
+            curve.append((step - 1, success))
             print(
-                f"{step:>4} {metrics['metric/success']:>7.3f} {metrics['reward_mean']:>7.3f} {metrics.get('loss', 0.0):>8.4f} "
-                f"{metrics.get('grad_norm', 0.0):>7.3f} {metrics.get('clip_fraction', 0.0):>6.3f} "
-                f"{int(metrics.get('trained_tokens', 0)):>7d} {swap:>8.1e} {time.perf_counter() - t0:>6.1f}",
+                f"{step:>4} {success:>7.3f} {metrics.get('reward_mean', metrics.get('train/reward', 0.0)):>7.3f} "
+                f"{metrics.get('loss', 0.0):>8.4f} {metrics.get('grad_norm', 0.0):>7.3f} "
+                f"{metrics.get('clip_fraction', 0.0):>6.3f} {int(metrics.get('trained_tokens', 0)):>7d} "
+                f"{swap:>8.1e} {seconds:>6.1f}",
                 flush=True,
             )
+
+        if async_mode:
+            await train_demo_async(model, backend, config, steps, group_size, seed, show)
+        else:
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step_seed = (seed + 1) * 1_000_003 + len(curve) * 10_007
+                groups = await gather_trajectory_groups(
+                    scenario_groups(model, group_size, step_seed), pbar_desc="rollouts"
+                )
+                metrics = await model.train(groups, config=config)
+                swap = await served_swap(backend, model, groups)
+                show(await model.get_step(), metrics, swap, time.perf_counter() - t0)
         success_end = await evaluate(model, eval_samples, seed=seed * 7919 + 1)
         final_step = await model.get_step()
     print(f"4/4 success at step {final_step}: {success_end:.3f}")
@@ -239,9 +302,11 @@ def run_demo_command(
     out: str | None = None,
     family: str = "byte",
     warm_epochs: int | None = None,
+    async_mode: bool = False,
 ) -> None:
     options: dict[str, Any] = {"steps": steps, "warm_epochs": warm_epochs}
-    result = asyncio.run(run_demo(path, out=out, family=family, **{k: v for k, v in options.items() if v}))
+    given = {k: v for k, v in options.items() if v}
+    result = asyncio.run(run_demo(path, out=out, family=family, async_mode=async_mode, **given))
     print(
         f"demo result: success_start={result['success_start']:.3f} success_end={result['success_end']:.3f} "
         f"steps={int(result['steps'])} seconds={result['seconds']:.1f}"

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 RolloutFn = Callable[[TrainableModel, Any], Awaitable[TrajectoryGroup]]
 EvalFn = Callable[[TrainableModel, int], Awaitable[Any]]
+OnStep = Callable[["StepReport", list[TrajectoryGroup]], Awaitable[Any]]
 STATE_KEY = "_pipeline_trainer"  # ART's key in the model's state, so its runs and ours resume alike
 
 
@@ -97,6 +98,7 @@ class Pipeline(Generic[S]):
         eval_fn: EvalFn | None = None,
         train: Callable[[list[TrajectoryGroup]], Awaitable[tuple[int, dict[str, float]]]] | None = None,
         resume: bool = True,
+        on_step: OnStep | None = None,
     ) -> None:
         self.model = model
         self.rollout = rollout
@@ -106,6 +108,7 @@ class Pipeline(Generic[S]):
         self.eval_fn = eval_fn
         self.train_step = train or self._train_with_backend
         self.resume = resume
+        self.on_step = on_step
         self.reports: list[StepReport] = []
         self.policy_version = 0  # the newest version being served (rollouts started now sample it)
         self.training_step = 0  # the step the trainer is producing (policy_version + 1 while a step runs)
@@ -249,6 +252,8 @@ class Pipeline(Generic[S]):
                 {STATE_KEY: {"scenario_offset": self.scenario_offset, "training_step": step}}
             )
             self.reports.append(StepReport(step=step, groups=len(batch), metrics=metrics))
+            if self.on_step is not None:
+                await self.on_step(self.reports[-1], batch)
             if self.eval_fn is not None and self.pipeline.eval_every_n_steps:
                 if (step - start) % self.pipeline.eval_every_n_steps == 0:
                     evaluated = await self.eval_fn(self.model, step)
@@ -319,10 +324,19 @@ async def train_async(
     pipeline: PipelineConfig | None = None,
     eval_fn: EvalFn | None = None,
     resume: bool = True,
+    on_step: OnStep | None = None,
 ) -> list[StepReport]:
-    """Train `model` with rollouts that never wait for training (see the module docstring)."""
+    """Train `model` with rollouts that never wait for training (see the module docstring); `on_step(report,
+    batch)` runs after each step."""
     return await Pipeline(
-        model, rollout, scenarios, config=config, pipeline=pipeline, eval_fn=eval_fn, resume=resume
+        model,
+        rollout,
+        scenarios,
+        config=config,
+        pipeline=pipeline,
+        eval_fn=eval_fn,
+        resume=resume,
+        on_step=on_step,
     ).run()
 
 
