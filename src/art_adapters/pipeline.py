@@ -132,7 +132,10 @@ class Pipeline(Generic[S]):
         start = await self.model.get_step()
         state = (self.model.read_state() or {}).get(STATE_KEY, {}) if self.resume else {}
         self.policy_version = self.training_step = start
-        for _ in range(int(state.get("scenario_offset", 0) or 0)):  # resume: skip what earlier runs consumed
+        # resume: skip the scenarios earlier runs consumed up to the step the backend holds (noted before that step
+        # trained, so a run killed between its checkpoint and its log resumes exactly there)
+        offset = (state.get("offsets") or {}).get(str(start), state.get("scenario_offset", 0))
+        for _ in range(int(offset or 0)):
             if await anext(self.scenarios, None) is None:
                 break
             self.scenario_offset += 1
@@ -240,6 +243,7 @@ class Pipeline(Generic[S]):
             async with self._policy:
                 self.training_step = step + 1
                 self._policy.notify_all()
+            self.model.merge_state({STATE_KEY: {"offsets": {str(step + 1): self.scenario_offset}}})
             trained = time.monotonic()
             step, metrics = await self.train_step(batch)
             trainer_s = time.monotonic() - trained

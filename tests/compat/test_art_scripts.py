@@ -96,7 +96,9 @@ def test_arts_pipeline_example_trains_with_its_pipeline_trainer(tmp_path: Path) 
     rows = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
     train = [r for r in rows if r.get("split") == "train"]
     assert [r["step"] for r in train] == [2, 3, 4]
-    assert all(0 <= r["train/steps_off_policy"] <= 1 and r["train/discarded_stale_groups"] >= 0 for r in train)
+    assert all(
+        0 <= r["train/steps_off_policy"] <= 1 and r["train/discarded_stale_groups"] >= 0 for r in train
+    )
     assert [r["step"] for r in rows if r.get("split") == "val"] == [3]
     state = json.loads((folder / "state.json").read_text())
     assert state["_pipeline_trainer"]["training_step"] == 4
