@@ -141,5 +141,7 @@ if __name__ == "__main__":
     parser.add_argument("--eval-scenarios", type=int, default=30)
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=5e-5)
-    parser.add_argument("--warm-start", type=int, default=0, help="SFT epochs of random answers first (0: none)")
+    parser.add_argument(
+        "--warm-start", type=int, default=0, help="SFT epochs of random answers first (0: none)"
+    )
     asyncio.run(main(parser.parse_args()))

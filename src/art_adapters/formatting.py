@@ -36,7 +36,10 @@ def strip_logprobs(obj: Any) -> Any:
     try:
         copied = copy.deepcopy(obj)
     except Exception as error:
-        log.warning("strip_logprobs: cannot copy %s (%s); returned unchanged", type(obj).__name__, error)
+        # ART's words, which ported code may look for in its logs
+        log.warning(
+            "Failed to deepcopy object in strip_logprobs: %s. Returning original object unchanged.", error
+        )
         return obj
     return _strip(copied)
 

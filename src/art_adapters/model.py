@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .config import LoRAConfig, SFTConfig, TrainConfig
+from .costs import CostCalculator, no_cost
 from .trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -34,6 +35,25 @@ MODEL_INFERENCE_FIELDS = frozenset(
         "gpu_ids",
     }
 )
+
+
+PROMPTED_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}(/[A-Za-z0-9._-]{1,64}){0,3}")
+
+
+def check_model_name(value: str, trainable: bool) -> str:
+    """A model's name: a trainable model's is one path-safe segment; a prompted (not trained) model's may hold
+    "/" as ART allows (a provider's `org/model`), each segment path-safe, so its log folder stays inside."""
+    if trainable:
+        return check_name("model", value)
+    if (
+        not isinstance(value, str)
+        or not PROMPTED_NAME_PATTERN.fullmatch(value)
+        or any(part in {".", ".."} for part in value.split("/"))
+    ):
+        raise ValueError(
+            f"model name {value!r} must be up to four '/'-separated segments of [A-Za-z0-9._-] (none '.' or '..')"
+        )
+    return value
 
 
 def check_name(kind: str, value: str) -> str:
@@ -64,10 +84,15 @@ class Model(BaseModel):
     _endpoint: InferenceEndpoint | None = PrivateAttr(default=None)
     _client: openai.AsyncOpenAI | None = PrivateAttr(default=None)
 
-    @field_validator("name", "project")
+    @field_validator("project")
     @classmethod
-    def _safe_name(cls, value: str, info: Any) -> str:
-        return check_name(info.field_name, value)
+    def _safe_project(cls, value: str) -> str:
+        return check_name("project", value)
+
+    @model_validator(mode="after")
+    def _safe_name(self) -> Model:
+        check_model_name(self.name, self.trainable)
+        return self
 
     async def register(self, backend: Backend) -> None:
         """Attach the model to a backend, which starts (or reuses) its inference server."""
@@ -130,7 +155,7 @@ class Model(BaseModel):
             Path(self.base_path)
             / check_name("project", self.project)
             / "models"
-            / check_name("model", self.name)
+            / check_model_name(self.name, self.trainable)
             / "state.json"
         )
 
@@ -210,6 +235,16 @@ class TrainableModel(Model):
     )
     _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
     _client_engine_args: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _cost_calculator: CostCalculator = PrivateAttr(default_factory=lambda: no_cost)
+
+    @property
+    def cost_calculator(self) -> CostCalculator:
+        """ART's per-call cost function (`prompt_tokens, completion_tokens, cost_context -> {"costs/...": $}`);
+        none by default (`art_adapters.costs.build_cost_calculator(ModelPricing(...))` makes one)."""
+        return self._cost_calculator
+
+    def set_cost_calculator(self, calculator: CostCalculator | None) -> None:
+        self._cost_calculator = calculator if calculator is not None else no_cost
 
     def __init__(self, **data: Any) -> None:
         internal = data.pop("_internal_config", None)

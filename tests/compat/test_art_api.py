@@ -363,7 +363,10 @@ def test_format_message_strip_logprobs_and_paths(tmp_path: Path) -> None:
 # ---- what is not shipped -----------------------------------------------------------------------------------------
 
 
-async def test_unshipped_backends_and_s3_say_what_to_use_instead(tmp_path: Path) -> None:
+async def test_unshipped_backends_and_s3_say_what_to_use_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BACKUP_BUCKET", raising=False)
     for name in (
         "ServerlessBackend",
         "TinkerBackend",
@@ -378,7 +381,9 @@ async def test_unshipped_backends_and_s3_say_what_to_use_instead(tmp_path: Path)
     with pytest.raises(art.UnsupportedBackendError):
         ServerlessBackend(api_key="x")
     model = art.TrainableModel(name="m", project="p", base_model="b")
-    with pytest.raises(art.UnsupportedARTSetting, match="S3"):
+    from art_adapters.backend.s3 import S3SyncError
+
+    with pytest.raises(S3SyncError, match="no S3 bucket: pass s3_bucket"):
         await art.LocalBackend(tmp_path)._experimental_pull_from_s3(model, verbose=True)
-    with pytest.raises(art.UnsupportedARTSetting, match="S3"):
+    with pytest.raises(art.UnsupportedARTSetting, match="does not take bucket names from clients"):
         await art.RemoteBackend("http://127.0.0.1:1")._experimental_push_to_s3(model)

@@ -108,3 +108,33 @@ async def test_without_litellm_openai_compatible_judges_still_work(
         await ruler_score_group(group_of("a", "b"), "anthropic/claude-sonnet", swallow_exceptions=True)
         is None
     )
+
+
+def reasoning_judge(request: dict[str, Any]) -> Reply:
+    """Answers as OpenAI's reasoning models do: any temperature but the default is a 400."""
+    if request.get("temperature") not in (None, 1, 1.0):
+        message = "Unsupported value: 'temperature' does not support 0.0 with this model. Only the default (1) value is supported."
+        return Reply(
+            status=400, raw_body=json.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+        )
+    return verdict(request)
+
+
+@pytest.mark.parametrize("judge", ["openai/o4-mini", "openai/judge-7b"])
+async def test_a_reasoning_judge_is_asked_without_a_temperature(
+    judge: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ART's LangGraph email example judges with "openai/o4-mini"; RULER's temperature 0 is refused by such
+    judges (LiteLLM refuses it before sending). o-series and gpt-5 names get none; any judge that refuses one is
+    asked again without it."""
+    with ScriptedServer(reasoning_judge) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+        scored = await ruler_score_group(
+            group_of("Paris", "Lyon"), judge, extra_litellm_params={"api_base": server.base_url}
+        )
+        assert scored is not None and [t.reward for t in scored] == [1.0, 0.5]
+        accepted = [r for r in server.requests if "temperature" not in r]
+        assert accepted and server.requests[-1] is accepted[-1]
+        if judge == "openai/o4-mini":
+            assert len(server.requests) == 1  # known to take no temperature: asked once, without one

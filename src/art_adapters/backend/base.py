@@ -127,7 +127,7 @@ class ARTTraining:
 
 def _no_s3(name: str) -> UnsupportedARTSetting:
     return UnsupportedARTSetting(
-        f"{name}: art-adapters does not ship ART's S3 checkpoint sync. Checkpoints live under the backend's "
-        "folder (`.art/{project}/models/{name}/checkpoints/`): sync that folder with your own tool, or train on a "
-        "GPU host with `art-adapters serve` + RemoteBackend so they stay there"
+        f"{name}: S3 checkpoint sync runs where the checkpoints are. A RemoteBackend's live on its server, which "
+        "does not take bucket names from clients (its credentials would write where a key holder says): run "
+        "LocalBackend's S3 calls, or `aws s3 sync` of `{path}/{project}/models/{name}/`, on the server host"
     )

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import SFTConfig, TrainConfig
-from ..model import Model, TrainableModel, check_name
+from ..model import Model, TrainableModel, check_model_name, check_name
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
+from .checkpoint_sync import CheckpointSync
 from .metrics import all_trajectories, best_step, record_log, rollout_metrics
 from .serving import Registered, publish_step, required_lora_rank, served_prompt_logprobs
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class LocalBackend(ARTTraining):
+class LocalBackend(CheckpointSync, ARTTraining):
     """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`).
 
     Placement on CUDA: `trainer_gpu_ids` and `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config`
@@ -35,12 +36,12 @@ class LocalBackend(ARTTraining):
 
     def __init__(
         self,
-        path: str | Path = ".art",
+        path: str | Path | None = ".art",
         *,
         inference: InferenceConfig | None = None,
         trainer_gpu_ids: list[int] | None = None,
     ) -> None:
-        self.path = Path(path).resolve()
+        self.path = Path(path if path is not None else ".art").resolve()  # None: ART's default folder
         self.inference = inference
         self.trainer_gpu_ids = list(trainer_gpu_ids or [])
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
@@ -55,7 +56,8 @@ class LocalBackend(ARTTraining):
 
     def model_dir(self, model: Model) -> Path:
         """`{path}/{project}/models/{name}` (names are checked, so it never lies outside `path`)."""
-        return self.path / check_name("project", model.project) / "models" / check_name("model", model.name)
+        name = check_model_name(model.name, model.trainable)
+        return self.path / check_name("project", model.project) / "models" / name
 
     # ------------------------------------------------------------------ protocol
     async def register(self, model: Model) -> InferenceEndpoint:
@@ -300,6 +302,23 @@ class LocalBackend(ARTTraining):
             server.process = None
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
         self._models.clear()
+
+    async def resume_from_disk(self, model: Model) -> None:
+        """A registered model whose folder got a newer checkpoint (pulled, forked) resumes from it: its trainer
+        loads it and it becomes the served version. Nothing to do for a model not registered here."""
+        from ..training import checkpoints
+
+        state = self._models.get(self.model_dir(model))
+        if state is None:
+            return
+        async with state.lock:
+            steps = checkpoints.list_steps(state.directory)
+            if not steps or steps[-1] == state.step:
+                return
+            state.trainer = await asyncio.to_thread(self._load_trainer, state.model, state.directory)
+            state.step = state.trainer.step
+            await publish_step(state, state.step)
+            log.info("model %s resumed from checkpoint %04d", state.name, state.step)
 
     # ------------------------------------------------------------------ for tests and checks
     async def trainer(self, model: TrainableModel) -> Trainer:

@@ -9,6 +9,7 @@ provider is a clear error naming the extra.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,8 @@ _OPENAI_COMPATIBLE = {
     "openai": ("OPENAI_BASE_URL", "OPENAI_API_KEY"),
     "hosted_vllm": ("HOSTED_VLLM_API_BASE", "HOSTED_VLLM_API_KEY"),
 }
+# Judges that accept no temperature of the caller's (OpenAI's o-series and gpt-5 reasoning models).
+_REASONING = re.compile(r"(^|/)(o[1-9](-|$)|o[1-9]-mini|gpt-5)", re.IGNORECASE)
 # extra_litellm_params that are request fields (the rest go to the request's extra_body).
 _REQUEST_FIELDS = {"temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "reasoning_effort"}
 
@@ -57,20 +60,37 @@ class Judge:
         base = str(self.client.base_url) if self.client is not None else str(self.params.get("api_base", ""))
         return base, self.name
 
+    fixed_temperature: bool = False  # a reasoning judge (o-series, gpt-5): it samples at its own temperature
+
+    def __post_init__(self) -> None:
+        self.fixed_temperature = self.fixed_temperature or bool(_REASONING.search(self.name))
+
     async def complete(self, request: dict[str, Any]) -> str | None:
+        """The judge's answer. A judge that samples at its own temperature (o-series, gpt-5, or one that refuses
+        the one asked for) is asked without one."""
         token = CURRENT.set(None)  # the judge's own call is never recorded into a rollout's trajectory
         try:
-            if self.litellm is not None:
-                response = await self.litellm.acompletion(
-                    model=self.name, num_retries=0, **{**request, **self.params}
-                )
-            else:
-                assert self.client is not None
-                response = await self.client.chat.completions.create(**self._openai_request(request))
+            try:
+                response = await self._send(request)
+            except Exception as error:
+                if self.fixed_temperature or "temperature" not in request or "temperature" not in str(error):
+                    raise
+                self.fixed_temperature = True  # refused: the next calls leave it out from the start
+                response = await self._send(request)
         finally:
             CURRENT.reset(token)
         choice = response.choices[0] if response.choices else None
         return choice.message.content if choice else None
+
+    async def _send(self, request: dict[str, Any]) -> Any:
+        if self.fixed_temperature:
+            request = {k: v for k, v in request.items() if k != "temperature"}
+        if self.litellm is not None:
+            return await self.litellm.acompletion(
+                model=self.name, num_retries=0, **{**request, **self.params}
+            )
+        assert self.client is not None
+        return await self.client.chat.completions.create(**self._openai_request(request))
 
     def _openai_request(self, request: dict[str, Any]) -> dict[str, Any]:
         out = {**request, "model": self.name}
