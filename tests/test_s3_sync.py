@@ -36,7 +36,9 @@ def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     }.items():
         monkeypatch.setenv(key, value)
     import boto3
+    import httpx
 
+    httpx.post(f"http://127.0.0.1:{port}/moto-api/reset").raise_for_status()  # moto's state is per process
     s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
     s3.create_bucket(Bucket=BUCKET)
     try:
@@ -157,9 +159,53 @@ async def test_a_missing_bucket_or_credentials_is_one_clear_error(
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(S3SyncError, match="credentials missing or refused"):
         await backend._experimental_push_to_s3(model)
-    with pytest.raises(S3SyncError, match="nothing at"):
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        await backend._experimental_pull_from_s3(
-            art.TrainableModel(name="ghost", project="2048", base_model="t")
-        )
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    ghost = art.TrainableModel(name="ghost", project="2048", base_model="t")
+    await backend._experimental_pull_from_s3(ghost)  # a first run: nothing saved yet, nothing to do
+    assert not backend.model_dir(ghost).exists()
+    with pytest.raises(S3SyncError, match="no complete checkpoint 0003"):
+        await backend._experimental_pull_from_s3(ghost, only_step=3)
+
+
+async def test_arts_backendless_s3_helpers(s3_server: object, tmp_path: Path) -> None:
+    """`art.utils.s3` / `s3_checkpoint_utils`: by project and name, with an `art_path`, no backend."""
+    import httpx
+
+    from art_adapters.utils.s3 import (
+        archive_and_presign_step_url,
+        build_s3_path,
+        ensure_bucket_exists,
+        pull_model_from_s3,
+        push_model_to_s3,
+    )
+    from art_adapters.utils.s3_checkpoint_utils import (
+        get_checkpoint_step_not_after_from_s3,
+        get_latest_checkpoint_step_from_s3,
+    )
+
+    _, _, folder = model_folder(tmp_path / "a")
+    assert build_s3_path(model_name="agent-001", project="2048", step=2, prefix="/runs/") == (
+        f"s3://{BUCKET}/runs/2048/models/agent-001/checkpoints/0002"
+    )
+    assert await get_latest_checkpoint_step_from_s3("agent-001", "2048") is None
+    await push_model_to_s3("agent-001", "2048", art_path=str(tmp_path / "a"))
+    assert await get_latest_checkpoint_step_from_s3("agent-001", "2048") == 2
+    assert await get_checkpoint_step_not_after_from_s3("agent-001", "2048", 1) == 1
+    pulled = await pull_model_from_s3("agent-001", "2048", step=1, art_path=str(tmp_path / "b"))
+    assert sorted(p.name for p in (Path(pulled) / "checkpoints").iterdir()) == ["0001"]
+    assert (Path(pulled) / "checkpoints" / "0001" / "adapter_model.safetensors").read_bytes() == bytes(
+        [1]
+    ) * 1000
+
+    url = await archive_and_presign_step_url("agent-001", "2048", 2, art_path=str(tmp_path / "a"))
+    async with httpx.AsyncClient() as client:
+        archive = await client.get(url)
+    assert archive.status_code == 200 and archive.content[:2] == b"PK"
+
+    await ensure_bucket_exists("fresh-bucket")  # created when missing, left alone when there
+    await ensure_bucket_exists("fresh-bucket")
+    assert "fresh-bucket" in [b["Name"] for b in s3_server.list_buckets()["Buckets"]]  # type: ignore[attr-defined]
+    with pytest.raises(S3SyncError, match="no local model folder"):
+        await push_model_to_s3("nobody", "2048", art_path=str(tmp_path / "a"))
+    assert folder.is_dir()

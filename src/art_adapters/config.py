@@ -129,9 +129,12 @@ class SFTConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SFTConfig:
-        rates = self.learning_rate if isinstance(self.learning_rate, list) else [self.learning_rate]
-        if not rates or any(r <= 0 for r in rates):
-            raise ValueError("learning_rate must be > 0 (or a non-empty list of rates > 0)")
+        # a schedule may reach 0 at its end (ART's linear decay does); a single rate must move the weights
+        rates = self.learning_rate
+        if (isinstance(rates, list) and (not rates or min(rates) < 0)) or (
+            not isinstance(rates, list) and rates <= 0
+        ):
+            raise ValueError("learning_rate must be > 0 (or a non-empty list of rates >= 0)")
         if self.batch_size == "auto":
             self.batch_size = 8
         elif self.batch_size < 1:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import time
-import zipfile
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -218,28 +216,11 @@ async def _checked(response: httpx.Response) -> dict[str, Any]:
 def presigned_archive(
     model: TrainableModel, checkpoint_path: str, step: int, bucket: str | None, prefix: str | None
 ) -> str:
-    """Zip the checkpoint to `.../{project}/models/{name}/zipped-steps/{step:04d}.zip` (ART's place) and return a
-    presigned URL to it, valid one hour."""
+    """The checkpoint zipped at ART's place in the bucket, as a presigned URL valid one hour."""
     from .backend import s3
 
     location = s3.S3Location.of(model.project, model.name, bucket, prefix)
-    key = f"{location.prefix}zipped-steps/{step:04d}.zip"
-    client = s3.client()
-    with tempfile.TemporaryDirectory() as folder:
-        archive = Path(folder) / "checkpoint.zip"
-        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-            for path in sorted(Path(checkpoint_path).rglob("*")):
-                if path.is_file():
-                    zipped.write(path, path.relative_to(checkpoint_path).as_posix())
-        try:
-            client.upload_file(str(archive), location.bucket, key)
-            return str(
-                client.generate_presigned_url(
-                    "get_object", Params={"Bucket": location.bucket, "Key": key}, ExpiresIn=3600
-                )
-            )
-        except Exception as error:
-            raise s3._clear(error, location) from error
+    return s3.presigned_step_archive(location, Path(checkpoint_path), step)
 
 
 # ---- W&B ---------------------------------------------------------------------------------------------------------

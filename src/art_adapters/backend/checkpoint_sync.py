@@ -72,7 +72,12 @@ class CheckpointSync:
         received = await asyncio.to_thread(
             s3.pull, self.model_dir(model), location, step=wanted, exclude=exclude, delete=delete
         )
-        _report(verbose, f"pulled {len(received)} file(s) from {location.uri()}")
+        _report(
+            verbose,
+            f"pulled {len(received)} file(s) from {location.uri()}"
+            if received
+            else f"nothing new at {location.uri()}",
+        )
         await self.resume_from_disk(model)
 
     async def _experimental_pull_model_checkpoint(

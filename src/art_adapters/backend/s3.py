@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -125,8 +126,8 @@ def pull(
     or not at all; an incomplete one in the bucket is skipped. Returns the paths received."""
     s3 = client()
     remote = remote_files(s3, location)
-    if not remote:
-        raise S3SyncError(f"nothing at {location.uri()} (is the model's project, name or prefix right?)")
+    if not remote and step is None:
+        return []  # a first run: nothing saved yet (ART's examples pull before their first step)
     complete = set(remote_steps(remote))
     if step is not None and step not in complete:
         raise S3SyncError(f"no complete checkpoint {step:04d} at {location.uri(CHECKPOINTS)}")
@@ -160,6 +161,56 @@ def pull(
         for relative in sorted(set(local) - set(remote)):
             (model_dir / relative).unlink()
     return received
+
+
+def zipped_step_key(location: S3Location, step: int) -> str:
+    return f"{location.prefix}zipped-steps/{step:04d}.zip"
+
+
+def presigned_step_archive(
+    location: S3Location, checkpoint_path: Path, step: int, expires_s: int = 3600
+) -> str:
+    """Zip a checkpoint folder to `zipped-steps/{step:04d}.zip` beside the model's files (ART's place) and return
+    a presigned URL to it (what Together fetches an adapter from)."""
+    if not checkpoint_path.is_dir():
+        raise S3SyncError(f"no checkpoint folder to archive: {checkpoint_path}")
+    s3 = client()
+    key = zipped_step_key(location, step)
+    with tempfile.TemporaryDirectory() as folder:
+        archive = Path(folder) / "checkpoint.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+            for path in sorted(checkpoint_path.rglob("*")):
+                if path.is_file():
+                    zipped.write(path, path.relative_to(checkpoint_path).as_posix())
+        try:
+            s3.upload_file(str(archive), location.bucket, key)
+            return str(
+                s3.generate_presigned_url(
+                    "get_object", Params={"Bucket": location.bucket, "Key": key}, ExpiresIn=expires_s
+                )
+            )
+        except Exception as error:
+            raise _clear(error, location) from error
+
+
+def ensure_bucket(bucket: str) -> bool:
+    """Create the bucket when it does not exist (ART's `ensure_bucket_exists`); True when it was created."""
+    s3 = client()
+    location = S3Location(bucket=bucket, prefix="")
+    try:
+        s3.head_bucket(Bucket=bucket)
+        return False
+    except Exception as error:
+        if str(getattr(error, "response", {}).get("Error", {}).get("Code", "")) not in (
+            "404",
+            "NoSuchBucket",
+        ):
+            raise _clear(error, location) from error
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except Exception as error:
+        raise _clear(error, location) from error
+    return True
 
 
 def _pull_checkpoint(

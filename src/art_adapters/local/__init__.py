@@ -1,5 +1,5 @@
 """`art_adapters.local` (ART's `art.local`): the in-process backend."""
 
-from .backend.local import LocalBackend
+from ..backend.local import LocalBackend
 
 __all__ = ["LocalBackend"]
