@@ -14,6 +14,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from fixtures_s3 import s3_server  # noqa: E402,F401 - a real S3 server, for tests that ask for one
+
 try:  # the session-scoped real vLLM server (tests marked `vllm` use it)
     from fixtures_vllm import *  # noqa: F403
 except ImportError:  # pragma: no cover - only while the fixture module is absent

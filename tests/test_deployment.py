@@ -27,8 +27,8 @@ from art_adapters.utils.deployment import (
     WandbDeploymentConfig,
     deploy_model,
 )
+from fixtures_s3 import BUCKET
 from test_remote_backend import running
-from test_s3_sync import BUCKET, s3_server  # noqa: F401 - the real S3 fixture
 from test_vllm_server import peft_model_of, write_adapter
 
 KEY = "together-key"
@@ -38,8 +38,10 @@ class TogetherStandIn:
     """Together's `/v1/models` (upload an adapter from a URL) and `/v1/jobs` API, as its docs describe it; a job
     is Queued on the first poll, then Complete (or Failed, when asked)."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, queued_polls: int = 1) -> None:
         self.fail = fail
+        self.queued_polls = queued_polls
+        self.chats: list[dict[str, Any]] = []
         self.jobs: dict[str, dict[str, Any]] = {}
         self.uploads: list[dict[str, Any]] = []
         self.archives: list[list[str]] = []
@@ -69,7 +71,7 @@ class TogetherStandIn:
         async def job(request: Request) -> JSONResponse:
             job = self.jobs[request.path_params["job_id"]]
             job["polls"] += 1
-            status = "Queued" if job["polls"] < 2 else ("Error" if self.fail else "Complete")
+            status = "Queued" if job["polls"] <= self.queued_polls else ("Error" if self.fail else "Complete")
             return JSONResponse(
                 {
                     "status": status,
@@ -78,8 +80,30 @@ class TogetherStandIn:
                 }
             )
 
+        async def chat(request: Request) -> JSONResponse:
+            """Serverless inference on a deployed adapter (it always plays B2)."""
+            if request.headers.get("authorization") != f"Bearer {KEY}":
+                return JSONResponse({"error": "unauthorized"}, status_code=401)
+            body = await request.json()
+            deployed = {f"acct/{job['name']}" for job in self.jobs.values()}
+            if body.get("model") not in deployed:
+                return JSONResponse({"error": {"message": f"no model {body.get('model')}"}}, status_code=404)
+            self.chats.append(body)
+            message = {"role": "assistant", "content": "<move>B2</move>"}
+            return JSONResponse(
+                {
+                    "id": f"chat-{len(self.chats)}",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
+                }
+            )
+
         return Starlette(
             routes=[
+                Route("/v1/chat/completions", chat, methods=["POST"]),
                 Route("/v1/models", models, methods=["POST"]),
                 Route("/v1/jobs", jobs, methods=["GET"]),
                 Route("/v1/jobs/{job_id}", job, methods=["GET"]),
@@ -99,7 +123,7 @@ def trained() -> art.TrainableModel:
 
 
 async def test_together_uploads_the_zipped_adapter_and_waits_for_its_job(
-    s3_server: object,  # noqa: F811
+    s3_server: object,
     checkpoint: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -8,11 +8,18 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from art_adapters.testing import Reply, ScriptedServer
 from art_adapters.tiny import tiny_model_path
+from fixtures_s3 import BUCKET
+from test_deployment import KEY as TOGETHER_KEY
+from test_deployment import TogetherStandIn
+from test_remote_backend import running
 
 pytestmark = [pytest.mark.vllm, pytest.mark.train]
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +109,81 @@ def test_arts_pipeline_example_trains_with_its_pipeline_trainer(tmp_path: Path) 
     assert [r["step"] for r in rows if r.get("split") == "val"] == [3]
     state = json.loads((folder / "state.json").read_text())
     assert state["_pipeline_trainer"]["training_step"] == 4
+
+
+# ---- ART's 2048, tic-tac-toe and LangGraph email examples: S3 backups, RULER with o4-mini, Together ---------------
+
+
+def local_judge(request: dict[str, Any]) -> Reply:
+    """Stands in for OpenAI's judges: refuses a temperature as o-series models do, answers RULER's request with one
+    score per trajectory (1.0, 0.5, 0.0, ...), and a correctness question with an accepting verdict."""
+    if request.get("temperature") not in (None, 1, 1.0):
+        message = "Unsupported value: 'temperature' does not support 0.0 with this model."
+        return Reply(
+            status=400, raw_body=json.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+        )
+    prompt = str(request["messages"][-1]["content"])
+    if "Reference answer" in prompt:
+        return Reply(content=json.dumps({"reasoning": "matches", "accept": True}))
+    count = prompt.count("<trajectory id=")
+    scores = [
+        {"trajectory_id": str(i), "explanation": "ok", "score": 1 - (i - 1) / max(count, 1)}
+        for i in range(1, count + 1)
+    ]
+    return Reply(content=json.dumps({"scores": scores}))
+
+
+@pytest.fixture
+def judge(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
+    with ScriptedServer(local_judge) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-local-judge")
+        yield server
+
+
+def bucket_steps(s3: Any, project: str, name: str) -> list[str]:
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{project}/models/{name}/checkpoints/").get(
+        "Contents", []
+    )
+    return sorted({o["Key"].split("/")[4] for o in listing if o["Key"].endswith("adapter_model.safetensors")})
+
+
+def test_arts_2048_example_judges_with_o4_mini_and_backs_up_to_s3(
+    s3_server: Any, judge: ScriptedServer, tmp_path: Path
+) -> None:
+    out = run_script("game_2048.py", tmp_path, "--steps", "1", "--games", "4")
+    assert "training from step 0" in out and trained_tokens(out) and trained_tokens(out)[0] > 0, out
+    assert "judged 4" in out, out  # RULER scored the whole group
+    assert judge.requests and all(r["model"] == "o4-mini" and "temperature" not in r for r in judge.requests)
+    assert bucket_steps(s3_server, "2048", "tutorial-001") == ["0000"]  # pushed before the step, as ART does
+
+
+def test_arts_tic_tac_toe_example_resumes_from_the_bucket_and_deploys(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = run_script("tic_tac_toe.py", tmp_path / "a", "--steps", "1", "--games", "4", "--pull-from-s3")
+    assert "training from step 0" in first and trained_tokens(first), first
+    assert bucket_steps(s3_server, "tic-tac-toe", "tic-tac-toe-001")[-1] == "0001"
+
+    together = TogetherStandIn(queued_polls=0)
+    with running(together.app()) as url:
+        monkeypatch.setenv("TOGETHER_BASE_URL", url)
+        monkeypatch.setenv("TOGETHER_API_KEY", TOGETHER_KEY)
+        second = run_script(  # a fresh machine: only the bucket knows the run
+            "tic_tac_toe.py", tmp_path / "b", "--steps", "2", "--games", "4", "--pull-from-s3", "--deploy"
+        )
+    assert "training from step 1" in second and "step 2:" in second, second
+    assert bucket_steps(s3_server, "tic-tac-toe", "tic-tac-toe-001")[-1] == "0002"
+    assert [u["model_name"] for u in together.uploads] == ["tic-tac-toe-tic-tac-toe-001-2"]
+    assert together.chats and together.chats[0]["model"] == "acct/tic-tac-toe-tic-tac-toe-001-2", second
+    assert "deployed acct/tic-tac-toe-tic-tac-toe-001-2" in second
+
+
+def test_arts_langgraph_email_example_trains_with_ruler_and_a_litellm_judge(
+    judge: ScriptedServer, tmp_path: Path
+) -> None:
+    out = run_script("langgraph_email.py", tmp_path, "--steps", "1", "--rollouts-per-group", "3")
+    assert len(trained_tokens(out)) == 1 and trained_tokens(out)[0] > 0, out
+    assert all(int(n) >= 6 for n in re.findall(r"llm calls (\d+)", out)), out
+    ruler_requests = [r for r in judge.requests if "<trajectory id=" in str(r["messages"][-1]["content"])]
+    assert len(ruler_requests) == 2 and all("temperature" not in r for r in ruler_requests)
