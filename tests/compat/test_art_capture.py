@@ -59,6 +59,68 @@ async def test_capture_auto_trajectory_records_calls_of_any_client(server: Scrip
         art.auto_trajectory(required=True)
 
 
+async def test_a_call_offered_other_tools_opens_a_new_history(server: ScriptedServer) -> None:
+    """ART's rule, and the right one for training: a call whose tools differ saw a different prompt, so it never
+    continues a conversation even when its messages extend it (chained, it would train on a prompt never seen)."""
+
+    async def chat() -> None:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="default")
+        first = await client.chat.completions.create(model="t", messages=[USER], tools=TOOLS)
+        answer = {"role": "assistant", "content": first.choices[0].message.content}
+        await client.chat.completions.create(model="t", messages=[USER, answer, USER], tools=TOOLS)
+        await client.chat.completions.create(
+            model="t", messages=[USER, answer, USER, answer, USER]
+        )  # no tools
+
+    trajectory = await art.capture_auto_trajectory(chat())
+    assert len(trajectory.messages_and_choices) == 4 and trajectory.tools == TOOLS
+    assert len(trajectory.additional_histories) == 1
+    other = trajectory.additional_histories[0]
+    assert len(other.messages_and_choices) == 6 and other.tools is None
+
+
+def sse(*chunks: dict[str, object]) -> bytes:
+    import json
+
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+async def test_streamed_tool_call_whose_name_repeats_and_no_finish_reason() -> None:
+    """Some servers repeat a tool call's whole name in every delta and end a stream without a finish_reason (ART's
+    own capture test streams so): the name is kept once, and the answer is a Choice finished by "stop"."""
+
+    def chunk(name: str | None, arguments: str) -> dict[str, object]:
+        function = {"name": name, "arguments": arguments}
+        delta = {"tool_calls": [{"index": 0, "id": "call-1", "type": "function", "function": function}]}
+        return {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "t",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+        }
+
+    body = sse(chunk("get_current_weather", "{"), chunk("get_current_weather", ""), chunk(None, "}"))
+    reply = Reply(raw_body=body, headers={"content-type": "text/event-stream"})
+    with ScriptedServer([reply]) as server:
+
+        async def call() -> None:
+            client = AsyncOpenAI(base_url=server.base_url, api_key="k")
+            stream = await client.chat.completions.create(
+                model="t", messages=[USER], tools=TOOLS, stream=True
+            )
+            async for _ in stream:
+                pass
+
+        trajectory = await art.capture_auto_trajectory(call())
+    answer = trajectory.messages_and_choices[-1]
+    assert isinstance(answer, Choice) and answer.finish_reason == "stop"
+    assert answer.message.tool_calls is not None
+    assert answer.message.tool_calls[0].function.name == "get_current_weather"
+    assert answer.message.tool_calls[0].function.arguments == "{}"
+    assert trajectory.llm_calls[0].response["choices"][0]["finish_reason"] is None  # the record stays true
+
+
 async def test_stream_without_event_stream_content_type_is_recorded() -> None:
     """A server that streams with a wrong content type: streaming is decided by the request, as openai does."""
     reply = Reply(content="streamed answer", headers={"content-type": "application/octet-stream"})

@@ -60,21 +60,29 @@ def message_key(message: Message) -> Key:
     return (role, _content_key(message.get("content")), calls, name)
 
 
-class Conversation:
-    """Calls chained by extension; `picked[i]` is the choice index of call i that the next call continued."""
+def tools_key(call: LLMCall) -> str:
+    """The call's tool definitions, canonical: calls offered different tools saw different prompts."""
+    return json.dumps(call.request_tools() or None, sort_keys=True, default=str)
 
-    __slots__ = ("calls", "picked", "keys")
+
+class Conversation:
+    """Calls chained by extension under the same tools; `picked[i]` is the choice index of call i that the next
+    call continued. A call offered other tools starts a conversation of its own (its prompt rendered differently:
+    chaining it would train on a prompt the model never saw)."""
+
+    __slots__ = ("calls", "picked", "keys", "tools")
 
     def __init__(self, call: LLMCall, keys: list[Key]) -> None:
         self.calls = [call]
         self.picked = [0]
         self.keys = keys
+        self.tools = tools_key(call)
 
-    def match(self, keys: list[Key]) -> tuple[int, int] | None:
+    def match(self, keys: list[Key], tools: str) -> tuple[int, int] | None:
         """(matched length, choice index) if `keys` extend this conversation's last messages + one of its answers."""
         last = self.calls[-1]
         n = len(self.keys)
-        if len(keys) <= n or keys[:n] != self.keys:
+        if tools != self.tools or len(keys) <= n or keys[:n] != self.keys:
             return None
         for choice in last.choices():
             message = choice.get("message")
@@ -109,6 +117,8 @@ def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
         if choice.get("index", 0) != index:
             continue
         data = dict(choice)
+        if data.get("finish_reason") is None:  # a stream that ended without one (the record keeps None)
+            data["finish_reason"] = "stop"
         if call.prompt_token_ids is not None and "prompt_token_ids" not in data:
             data["prompt_token_ids"] = call.prompt_token_ids
         if call.api == "responses" and call.completion_token_ids is not None:
@@ -131,9 +141,10 @@ def split_conversations(calls: list[LLMCall]) -> list[Conversation]:
     conversations: list[Conversation] = []
     for call in answered:
         keys = [message_key(m) for m in call.request_messages() if isinstance(m, dict)]
+        tools = tools_key(call)
         best: tuple[int, int, Conversation] | None = None
         for conversation in conversations:
-            found = conversation.match(keys)
+            found = conversation.match(keys, tools)
             if found is not None and (best is None or found[0] >= best[0]):
                 best = (found[0], found[1], conversation)
         if best is None:

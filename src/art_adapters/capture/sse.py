@@ -94,8 +94,9 @@ class _ChoiceState:
             if call.get("type"):
                 slot["type"] = call["type"]
             function = call.get("function") or {}
-            if function.get("name"):
-                slot["name"] += function["name"]
+            name = function.get("name")
+            if name and name != slot["name"]:  # some servers repeat the whole name in every delta
+                slot["name"] += name
             if function.get("arguments"):
                 slot["args"].append(function["arguments"])
         if choice.get("finish_reason"):
