@@ -56,6 +56,10 @@ def check_model_name(value: str, trainable: bool) -> str:
     return value
 
 
+def issubclass_trainable(cls: type) -> bool:
+    return any(base.__name__ == "TrainableModel" for base in cls.__mro__)
+
+
 def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value in {".", ".."}:
         raise ValueError(f"{kind} name {value!r} must match {NAME_PATTERN.pattern} (and not be '.' or '..')")
@@ -89,9 +93,16 @@ class Model(BaseModel):
     def _safe_project(cls, value: str) -> str:
         return check_name("project", value)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        """Checked as a field (errors name it); a TrainableModel's name is one folder."""
+        return check_model_name(value, trainable=issubclass_trainable(cls))
+
     @model_validator(mode="after")
-    def _safe_name(self) -> Model:
-        check_model_name(self.name, self.trainable)
+    def _trainable_name(self) -> Model:
+        if self.trainable:  # a plain Model constructed with trainable=True trains too
+            check_model_name(self.name, True)
         return self
 
     async def register(self, backend: Backend) -> None:

@@ -46,6 +46,8 @@ def serve(
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
     limits: RequestLimits | None = None,
+    trainer_processes: int | None = None,
+    trainer_gpu_ids: list[int] | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
@@ -63,7 +65,12 @@ def serve(
         from ..inference import InferenceConfig
         from .local import LocalBackend
 
-        backend = LocalBackend(path=path, inference=InferenceConfig(limits=limits))
+        backend = LocalBackend(
+            path=path,
+            inference=InferenceConfig(limits=limits),
+            trainer_processes=trainer_processes,
+            trainer_gpu_ids=trainer_gpu_ids,
+        )
     from .server import create_app
 
     app = create_app(
@@ -124,6 +131,20 @@ def serve_command(argv: list[str] | None = None) -> None:
         default=defaults.max_request_tokens,
         help="n x output tokens per inference request",
     )
+    parser.add_argument(
+        "--trainer-processes",
+        type=int,
+        default=None,
+        help="train each step data-parallel on N processes (torchrun + FSDP2; one per --trainer-gpu)",
+    )
+    parser.add_argument(
+        "--trainer-gpu",
+        type=int,
+        action="append",
+        default=None,
+        metavar="ID",
+        help="a GPU the trainer uses (repeatable)",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -140,4 +161,6 @@ def serve_command(argv: list[str] | None = None) -> None:
         limits=RequestLimits(
             max_n=args.max_n, max_tokens=args.max_tokens, max_request_tokens=args.max_request_tokens
         ),
+        trainer_processes=args.trainer_processes,
+        trainer_gpu_ids=args.trainer_gpu,
     )

@@ -19,6 +19,7 @@ from .serving import Registered, publish_step, required_lora_rank, served_prompt
 
 if TYPE_CHECKING:
     from ..inference import InferenceConfig, VLLMServer
+    from ..training.sharded import ShardedTrainer
     from ..training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,10 @@ class LocalBackend(CheckpointSync, ARTTraining):
     never sleeps during a step (the async pipeline's setting); sharing one GPU, the engine sleeps while a step
     trains (requests in flight finish first). On the CPU both simply run.
 
+    Past one GPU: `trainer_processes=N` trains each step data-parallel on N processes under torchrun with FSDP2
+    (`training/sharded.py`; one per trainer GPU on CUDA, gloo on the CPU); several `trainer_gpu_ids` imply it.
+    Checkpoints are the same single adapter folder.
+
     Use it as is, or as a context manager (`with` / `async with`) that stops its servers on exit."""
 
     def __init__(
@@ -40,10 +45,14 @@ class LocalBackend(CheckpointSync, ARTTraining):
         *,
         inference: InferenceConfig | None = None,
         trainer_gpu_ids: list[int] | None = None,
+        trainer_processes: int | None = None,
     ) -> None:
         self.path = Path(path if path is not None else ".art").resolve()  # None: ART's default folder
         self.inference = inference
         self.trainer_gpu_ids = list(trainer_gpu_ids or [])
+        if trainer_processes is not None and trainer_processes < 1:
+            raise ValueError(f"trainer_processes must be >= 1, not {trainer_processes}")
+        self.trainer_processes = trainer_processes
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
         self._models: dict[Path, Registered] = {}  # by model folder
@@ -276,6 +285,8 @@ class LocalBackend(CheckpointSync, ARTTraining):
         for state in self._models.values():
             if state.server not in owned:
                 await state.gateway.forget(state.name)
+            if state.trainer is not None:
+                await asyncio.to_thread(state.trainer.close)
         for server in owned:
             stop_gateway(server)
             await server.stop()
@@ -301,6 +312,9 @@ class LocalBackend(CheckpointSync, ARTTraining):
             server.kill_now()
             server.process = None
         self._servers = {k: s for k, s in self._servers.items() if s not in owned}
+        for state in self._models.values():
+            if state.trainer is not None:
+                state.trainer.close()
         self._models.clear()
 
     async def resume_from_disk(self, model: Model) -> None:
@@ -315,6 +329,8 @@ class LocalBackend(CheckpointSync, ARTTraining):
             steps = checkpoints.list_steps(state.directory)
             if not steps or steps[-1] == state.step:
                 return
+            if state.trainer is not None:
+                await asyncio.to_thread(state.trainer.close)
             state.trainer = await asyncio.to_thread(self._load_trainer, state.model, state.directory)
             state.step = state.trainer.step
             await publish_step(state, state.step)
@@ -382,10 +398,20 @@ class LocalBackend(CheckpointSync, ARTTraining):
         A fresh PEFT adapter has lora_B = 0 (and lm_head's delta is 0), so step 0 serves exactly the base policy.
         """
         from ..training import checkpoints
-        from ..training.trainer import Trainer
 
         gpus = self.trainer_gpu_ids or model.trainer_gpu_ids()
-        trainer = Trainer(model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None)
+        processes = self.trainer_processes or max(len(gpus), 1)
+        trainer: Trainer | ShardedTrainer
+        if processes > 1:
+            from ..training.sharded import ShardedTrainer
+
+            if gpus and len(gpus) != processes:
+                raise ValueError(f"trainer_processes={processes} needs as many trainer GPU ids, not {gpus}")
+            trainer = ShardedTrainer(model.base_model, model.lora, processes=processes, gpu_ids=gpus or None)
+        else:
+            from ..training.trainer import Trainer
+
+            trainer = Trainer(model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None)
         steps = checkpoints.list_steps(directory)
         if steps:
             trainer.load(checkpoints.checkpoint_dir(directory, steps[-1]))
@@ -413,6 +439,7 @@ class LocalBackend(CheckpointSync, ARTTraining):
                 trainer.step != before
             ):  # the weights moved but no checkpoint holds them: reload from disk next time
                 state.trainer = None
+                await asyncio.to_thread(trainer.close)
             raise
         finally:
             if not dedicated:

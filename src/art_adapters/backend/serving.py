@@ -15,6 +15,7 @@ from ..model import TrainableModel
 if TYPE_CHECKING:
     from ..inference import VLLMServer
     from ..inference.gateway import Gateway
+    from ..training.sharded import ShardedTrainer
     from ..training.trainer import Trainer
 
 log = logging.getLogger("art_adapters.backend.local")
@@ -28,7 +29,7 @@ class Registered:
     directory: Path
     server: VLLMServer
     gateway: Gateway
-    trainer: Trainer | None
+    trainer: Trainer | ShardedTrainer | None
     step: int
     lock: asyncio.Lock
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .parallel import copy_full_into, full
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
@@ -36,8 +38,8 @@ def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     from peft import get_peft_model_state_dict
 
     config = model.peft_config[model.active_adapter].to_dict()
-    state = {
-        k: v.detach().to("cpu", torch.float32).contiguous()
+    state = {  # whole tensors, gathered from every process when sharded (in the same order on each)
+        k: full(v.detach()).to("cpu", torch.float32).contiguous()
         for k, v in get_peft_model_state_dict(model).items()
     }
     targets = sorted(config["target_modules"])
@@ -71,11 +73,14 @@ def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return state, config
 
 
-def export_adapter(model: Any, directory: Path) -> dict[str, Any]:
-    """Write adapter_config.json + adapter_model.safetensors (loads in PEFT and in vLLM); returns the config."""
+def export_adapter(model: Any, directory: Path, write: bool = True) -> dict[str, Any]:
+    """Write adapter_config.json + adapter_model.safetensors (loads in PEFT and in vLLM); returns the config.
+    `write=False`: a sharded trainer's other processes, which take part in gathering but write nothing."""
     from safetensors.torch import save_file
 
     state, config = adapter_tensors(model)
+    if not write:
+        return config
     directory.mkdir(parents=True, exist_ok=True)
     save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
@@ -88,11 +93,18 @@ def required_max_lora_rank(config: dict[str, Any]) -> int:
 
 
 def save_trainer(trainer: Trainer, directory: Path) -> Path:
-    """Adapter + `optimizer.pt` (optimizer, exact trainable tensors, rng) + `trainer_state.json`."""
-    config = export_adapter(trainer.model, directory)
-    params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    """Adapter + `optimizer.pt` (optimizer, exact trainable tensors, rng) + `trainer_state.json`: the same files
+    whether the trainer is one process or sharded (gathered here; only the leader writes)."""
+    write = trainer.parallel is None or trainer.parallel.leader
+    config = export_adapter(trainer.model, directory, write)
+    params = {
+        n: full(p.detach()).cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
+    }
+    optimizer = _whole(trainer.optimizer.state_dict())
+    if not write:
+        return directory
     state: dict[str, Any] = {
-        "optimizer": trainer.optimizer.state_dict(),
+        "optimizer": optimizer,
         "params": params,
         "rng": torch.get_rng_state(),
         "step": trainer.step,
@@ -124,10 +136,10 @@ def load_trainer(trainer: Trainer, directory: Path) -> None:
     missing = sorted(set(state["params"]) ^ {n for n, p in named.items() if p.requires_grad})
     if missing:
         raise ValueError(f"checkpoint {directory} does not match this adapter's parameters: {missing[:4]}")
-    with torch.no_grad():
-        for name, tensor in state["params"].items():
-            named[name].copy_(tensor)
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    for name, tensor in state["params"].items():
+        copy_full_into(named[name], tensor)
+    ids = [p for p in trainer.model.parameters() if p.requires_grad]  # the optimizer's parameter order
+    trainer.optimizer.load_state_dict(_sharded_like(state["optimizer"], ids))
     trainer.step = int(state["step"])
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
@@ -146,10 +158,61 @@ def load_adapter_weights(model: Any, directory: Path) -> None:
         a, b = state.pop(f"{_PREFIX}{name}.lora_A.weight"), state.pop(f"{_PREFIX}{name}.lora_B.weight")
         original = base.get_submodule(name).original_module.weight.detach().float().cpu()
         state[f"{_PREFIX}{name}.weight"] = original + b @ a
+    if any(_is_sharded(p) for p in model.parameters()):
+        _copy_adapter_into_shards(model, state, directory)
+        return
     result = set_peft_model_state_dict(model, state)
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise ValueError(f"adapter {directory} has tensors this model lacks: {unexpected[:4]}")
+
+
+def _copy_adapter_into_shards(model: Any, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """`set_peft_model_state_dict` for a sharded model: each saved tensor into its (sharded) parameter."""
+    adapter = model.active_adapter
+    named = dict(model.named_parameters())
+    for key, value in state.items():
+        head, _, leaf = key.rpartition(".")
+        if ".lora_A" in head or ".lora_B" in head:
+            name = f"{head}.{adapter}.{leaf}"
+        else:
+            name = f"{head}.modules_to_save.{adapter}.{leaf}"
+        if name not in named:
+            raise ValueError(f"adapter {directory} has tensors this model lacks: {key}")
+        copy_full_into(named[name], value)
+
+
+def _is_sharded(tensor: torch.Tensor) -> bool:
+    from .parallel import is_sharded
+
+    return is_sharded(tensor)
+
+
+def _whole(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict with every sharded tensor gathered whole (the one-process format)."""
+    state = {
+        index: {
+            key: full(value).cpu() if isinstance(value, torch.Tensor) else value for key, value in s.items()
+        }
+        for index, s in optimizer_state["state"].items()
+    }
+    return {"state": state, "param_groups": optimizer_state["param_groups"]}
+
+
+def _sharded_like(optimizer_state: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
+    """The one-process optimizer state, its per-parameter tensors sharded as each parameter is."""
+    from torch.distributed.tensor import distribute_tensor
+
+    state = {}
+    for index, values in optimizer_state["state"].items():
+        param = params[int(index)]
+        state[index] = {
+            key: distribute_tensor(value.to(param.device), param.device_mesh, param.placements)  # type: ignore[attr-defined]
+            if _is_sharded(param) and isinstance(value, torch.Tensor) and value.shape == param.shape
+            else value
+            for key, value in values.items()
+        }
+    return {"state": state, "param_groups": optimizer_state["param_groups"]}
 
 
 def vllm_unservable_modules(base_model: str | Path, modules_to_save: list[str]) -> list[str] | None:

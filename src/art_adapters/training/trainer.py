@@ -1,7 +1,8 @@
 """The GRPO/SFT trainer on a LoRA adapter: Unsloth on CUDA, PEFT + transformers otherwise (or on request).
 
 One `train_step` = tokenize the groups, pack micro-batches by a token budget, accumulate the whole step's
-gradient, clip it, take one AdamW step.
+gradient, clip it, take one AdamW step. Under torchrun (`parallel`), each process takes its share of the
+micro-batches of the same step and FSDP2 sums the gradients (`parallel.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..trajectories import Trajectory, TrajectoryGroup
 from . import adapter_io
 from .batching import pack_micro_batches, trajectory_of
 from .loss import StepTotals, group_advantages, policy_loss, role_advantages
+from .parallel import Parallel
 from .quiet import quiet_loading
 from .tokenize import (
     TRAIN_ON_KEYS,
@@ -59,6 +61,7 @@ class Trainer:
         max_seq_len: int = 2048,
         seed: int = 0,
         gradient_checkpointing: bool = False,
+        parallel: Parallel | None = None,
     ) -> None:
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
@@ -68,6 +71,7 @@ class Trainer:
             dtype = torch.bfloat16 if cuda_bf16 else torch.float32
         self.dtype = dtype
         self.seed = seed
+        self.parallel = parallel
         self.step = 0
         self.load_seconds = 0.0
         started = time.perf_counter()
@@ -88,8 +92,13 @@ class Trainer:
         self.load_seconds = time.perf_counter() - started
         self.vocab_size = max(len(self.tokenizer), int(self.model.get_base_model().config.vocab_size))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, fused=self.device.type == "cuda")
+        if parallel is not None:
+            from .parallel import shard_decoder_layers
+
+            shard_decoder_layers(self.model, parallel)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # after sharding: its DTensors
+        fused = self.device.type == "cuda" and parallel is None
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, fused=fused)
 
     # --- loading -----------------------------------------------------------------------------------------
 
@@ -171,7 +180,7 @@ class Trainer:
         started = time.perf_counter()
         metrics = self.compute_gradients(groups, config)
         if "skipped_reason" not in metrics:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+            grad_norm = self._clip(config.max_grad_norm)
             for group in self.optimizer.param_groups:
                 group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
             self.optimizer.step()
@@ -206,11 +215,14 @@ class Trainer:
         batches = pack_micro_batches(
             [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
         )
-        for batch in batches:
+        mine, rounds = self._share(batches, [len(s) for s in sequences])
+        for batch in mine:
             loss, part = self._micro_batch_loss([sequences[i] for i in batch], config, totals)
-            loss.backward()
+            self._backward(loss)
             for key, value in part.items():
                 sums[key] += value
+        self._finish_backward(rounds - len(mine))
+        sums = self._summed(sums)
         tokens = max(sums["tokens"], 1.0)
         metrics.update(
             loss=sums["loss"],
@@ -218,6 +230,11 @@ class Trainer:
             mean_ratio=sums["ratio"] / tokens,
             sequences=len(sequences),
             micro_batches=len(batches),
+            **(
+                {"trainer_processes": self.parallel.world, "micro_batches_per_process": rounds}
+                if self.parallel
+                else {}
+            ),
             stale_tokens=int(sums["stale"]),
             token_steps_off_policy=sums["staleness"] / tokens,
         )
@@ -371,14 +388,18 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for batch in pack_micro_batches([len(s) for s in sequences], 4096):
+        batches = pack_micro_batches([len(s) for s in sequences], 4096)
+        mine, rounds = self._share(batches, [len(s) for s in sequences])
+        for batch in mine:
             seqs = [sequences[i] for i in batch]
             targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in seqs]
             logp = self._token_logprobs([s.input_ids for s in seqs], targets, [1.0] * len(seqs))
             loss = -logp.sum() / total
-            loss.backward()
+            self._backward(loss)
             loss_sum += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+        self._finish_backward(rounds - len(mine))
+        loss_sum = self._summed({"loss": loss_sum})["loss"]
+        grad_norm = self._clip(config.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = config.learning_rate, 0.0
         self.optimizer.step()
@@ -387,13 +408,10 @@ class Trainer:
         return self._finish(metrics, started)
 
     def sft_batches(self, trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
-        """The SFT run as batches: `epochs` seeded shuffles, `batch_size` trajectories each."""
-        rng = random.Random(config.seed)
-        for _ in range(config.epochs):
-            order = list(range(len(trajectories)))
-            rng.shuffle(order)
-            for i in range(0, len(order), config.batch_size):
-                yield [trajectories[j] for j in order[i : i + config.batch_size]]
+        return sft_batches(trajectories, config)
+
+    def close(self) -> None:
+        """Nothing to release in one process (a ShardedTrainer stops its processes)."""
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -405,6 +423,51 @@ class Trainer:
         """Resume from `save`: adapter weights, optimizer state, step and rng."""
         adapter_io.load_trainer(self, Path(directory))
 
+    # --- data parallelism (no-ops in one process) -----------------------------------------------------------
+
+    def _share(self, batches: list[list[int]], sizes: list[int]) -> tuple[list[list[int]], int]:
+        """This process's micro-batches, and how many every process runs."""
+        if self.parallel is None:
+            return batches, len(batches)
+        from .parallel import my_share
+
+        return my_share(batches, sizes, self.parallel)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate a micro-batch's share of the step's loss (scaled by the world size under FSDP2, whose mean
+        over processes then gives the sum the step's normalisation needs)."""
+        (loss * self.parallel.world if self.parallel is not None else loss).backward()
+
+    def _finish_backward(self, padding: int) -> None:
+        """Run `padding` empty micro-batches (FSDP2's collectives need every process at every layer), then sum
+        the gradients of the parameters FSDP2 does not manage."""
+        if self.parallel is None:
+            return
+        from .parallel import sum_whole_gradients
+
+        for _ in range(padding):
+            empty = self._token_logprobs([[self.pad_id, self.pad_id]], [[1]], [1.0])
+            (empty.sum() * 0.0).backward()
+        sum_whole_gradients(self.params, self.parallel.world)
+
+    def _summed(self, sums: dict[str, float]) -> dict[str, float]:
+        """The step's metric sums over every process."""
+        if self.parallel is None:
+            return sums
+        import torch.distributed as dist
+
+        keys = sorted(sums)
+        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def _clip(self, max_norm: float) -> torch.Tensor:
+        if self.parallel is None:
+            return torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        from .parallel import clip_grad_norm
+
+        return clip_grad_norm(self.params, max_norm)
+
     def _seed_step(self) -> None:
         torch.manual_seed(self.seed * 1_000_003 + self.step)
 
@@ -412,6 +475,16 @@ class Trainer:
         metrics["step"] = self.step
         metrics["step_seconds"] = time.perf_counter() - started
         return metrics
+
+
+def sft_batches(trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
+    """The SFT run as batches: `epochs` seeded shuffles, `batch_size` trajectories each."""
+    rng = random.Random(config.seed)
+    for _ in range(config.epochs):
+        order = list(range(len(trajectories)))
+        rng.shuffle(order)
+        for i in range(0, len(order), int(config.batch_size)):
+            yield [trajectories[j] for j in order[i : i + int(config.batch_size)]]
 
 
 def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:

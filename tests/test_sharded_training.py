@@ -1,0 +1,188 @@
+"""Data-parallel, sharded training (FSDP2 under torchrun, gloo on this CPU): one step on 2 processes and on 1, from
+the same checkpoint on the same batch, gives the same adapter (fp32, within 1e-6) and the same metrics, for each loss,
+with `train_on`, per-role rewards, a trained `lm_head` (a whole, all-reduced parameter), SFT, and a resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from art_adapters.config import LoRAConfig, SFTConfig, TrainConfig
+from art_adapters.tiny import tiny_model_path
+from art_adapters.training.sharded import ShardedTrainer
+from art_adapters.training.tokenize import TokenizationError
+from art_adapters.training.trainer import Trainer
+from art_adapters.trajectories import Trajectory, TrajectoryGroup
+from test_train_on import two_node_trajectory
+from test_trainer import rollouts
+
+pytestmark = pytest.mark.train
+HEAD = LoRAConfig(rank=8, alpha=16, modules_to_save=["lm_head"])
+# Adam's first step moves each element by about lr * sign(g): an element whose gradient is ~0 by cancellation moves by
+# a fraction of lr that depends on the order of summation, so "equal within 1e-6" holds for lr up to ~1e-4.
+LR = 1e-4
+COMPARED = (
+    "loss",
+    "clip_fraction",
+    "mean_ratio",
+    "trained_tokens",
+    "sampled_token_fraction",
+    "left_out_tokens",
+)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trainer, Path]:
+    trainer = Trainer(tiny_model_path(), HEAD, engine="peft")
+    start = tmp_path_factory.mktemp("start")
+    trainer.save(start)
+    return trainer, start
+
+
+@pytest.fixture(scope="module")
+def sharded() -> Any:
+    trainer = ShardedTrainer(tiny_model_path(), HEAD, processes=2, engine="peft")
+    yield trainer
+    trainer.close()
+
+
+def adapter(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def assert_same_adapter(a: Path, b: Path) -> float:
+    left, right = adapter(a), adapter(b)
+    assert left.keys() == right.keys()
+    worst = max(float((left[k] - right[k]).abs().max()) for k in left)
+    assert worst < 1e-6, worst
+    return worst
+
+
+def groups_with_roles(trainer: Trainer) -> list[TrajectoryGroup]:
+    trajectories = []
+    for k, (reward, planner) in enumerate([(1.0, 0.2), (0.0, 0.9), (0.5, 0.4), (0.25, 0.1)]):
+        trajectory = two_node_trajectory(trainer, k, reward, lp_shift=0.3)
+        trajectory.rewards_by_role = {"planner": planner}
+        trajectories.append(trajectory)
+    return [TrajectoryGroup(trajectories)]
+
+
+CASES: dict[str, tuple[str, TrainConfig]] = {
+    "grpo, several micro-batches": ("rollouts", TrainConfig(learning_rate=LR, micro_batch_tokens=64)),
+    "gspo": ("rollouts", TrainConfig(learning_rate=LR, loss="gspo", micro_batch_tokens=96)),
+    "cispo": ("rollouts", TrainConfig(learning_rate=LR, loss="cispo")),
+    "train_on + per-role rewards": (
+        "roles",
+        TrainConfig(learning_rate=LR, train_on={"nodes": ["executor"]}, micro_batch_tokens=48),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_train_what_one_does(
+    case: str, single: tuple[Trainer, Path], sharded: ShardedTrainer, tmp_path: Path
+) -> None:
+    trainer, start = single
+    kind, config = CASES[case]
+    groups = rollouts(trainer, seed=3) if kind == "rollouts" else groups_with_roles(trainer)
+    trainer.load(start)
+    sharded.load(start)
+    one = trainer.train_step(groups, config)
+    two = sharded.train_step(groups, config)
+    trainer.save(tmp_path / "one")
+    sharded.save(tmp_path / "two")
+    assert_same_adapter(tmp_path / "one", tmp_path / "two")
+    for key in COMPARED:
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    assert two["step"] == one["step"] == sharded.step == 1
+    assert [t.metrics["sampled_token_fraction"] for g in groups for t in g] == [1.0] * sum(
+        len(g) for g in groups
+    )
+    assert two["trainer_processes"] == 2 and "trainer_processes" not in one
+    if config.micro_batch_tokens < 100:  # several micro-batches: each process ran its share, not all of them
+        assert two["micro_batches_per_process"] < two["micro_batches"] == one["micro_batches"]
+    if kind == "roles":
+        assert one["left_out_tokens"] > 0  # the planner's tokens were left out on both
+
+
+def test_resume_sft_and_a_refused_batch_match_too(
+    single: tuple[Trainer, Path], sharded: ShardedTrainer, tmp_path: Path
+) -> None:
+    """Two steps with a save and reload in between (the optimizer's moments survive sharding), an SFT step, the
+    trainer's logprobs, and a batch refused by tokenization: the same error, and the processes still serve."""
+    trainer, start = single
+    config = TrainConfig(learning_rate=LR, micro_batch_tokens=64)
+    trainer.load(start)
+    sharded.load(start)
+    first = rollouts(trainer, seed=5)
+    trainer.train_step(first, config)
+    sharded.train_step(first, config)
+    sharded.save(tmp_path / "mid")
+    sharded.load(tmp_path / "mid")
+    second = rollouts(trainer, seed=6)
+    trainer.train_step(second, config)
+    sharded.train_step(second, config)
+    sft = [
+        Trajectory(
+            messages_and_choices=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"},
+            ]
+        )
+    ] * 3
+    assert sharded.sft_step(sft, SFTConfig(learning_rate=LR))["loss"] == pytest.approx(
+        trainer.sft_step(sft, SFTConfig(learning_rate=LR))["loss"], rel=1e-5
+    )
+    trainer.save(tmp_path / "one")
+    sharded.save(tmp_path / "two")
+    assert_same_adapter(tmp_path / "one", tmp_path / "two")
+    ids = [5, 6, 7, 8, 9]
+    assert sharded.logprobs_of(ids) == pytest.approx(trainer.logprobs_of(ids), abs=1e-6)
+
+    bad = rollouts(trainer, seed=7)
+    bad[0].trajectories[0].llm_calls[0].completion_token_ids[0] = 10**6  # not a token of this vocabulary
+    with pytest.raises(TokenizationError, match="outside the tokenizer's vocabulary"):
+        sharded.train_step(bad, config)
+    assert sharded.train_step(rollouts(trainer, seed=7), config)["trained_tokens"] > 0  # still serving
+
+
+@pytest.mark.vllm
+async def test_local_backend_trains_on_two_processes_with_one_setting(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    """`LocalBackend(trainer_processes=2)`: the same calls, a step trained by two processes, its checkpoint the
+    usual single adapter folder, hot-loaded: vLLM's logprobs under the new step equal the trainer's."""
+    import art_adapters as art
+    from fixtures_vllm import sampled_group
+
+    backend = art.LocalBackend(tmp_path, trainer_processes=2).use_server(vllm_server)
+    model = art.TrainableModel(
+        name="wide",
+        project="sharded",
+        base_model=str(vllm_server.base_model),
+        lora=LoRAConfig(rank=8, alpha=16),
+    )
+    await model.register(backend)
+    try:
+        groups = [await sampled_group(model, [1.0, 0.0, 0.5, 0.0])]
+        result = await backend.train(model, groups, learning_rate=1e-3)
+        assert result.step == 1 and result.metrics["trainer_processes"] == 2
+        assert result.metrics["trained_tokens"] > 0
+        folder = backend.model_dir(model) / "checkpoints" / "0001"
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "optimizer.pt",
+            "trainer_state.json",
+        ]
+        trainer = await backend.trainer(model)
+        assert isinstance(trainer, ShardedTrainer) and trainer.engine == "peft+fsdp2x2"
+        ids = [1, 2, 3, 72, 101, 108, 108, 111]
+        assert await backend.served_logprob_diff(model, ids, 1) <= 1e-4  # as for one process (test_train_loop)
+    finally:
+        await backend.close()
+    assert trainer._process.poll() is not None  # close() stopped the processes
