@@ -1,4 +1,5 @@
-"""Trained tokens/s and peak memory of one GRPO step: our trainer (PEFT, Unsloth) vs TRL's GRPOTrainer, CPU.
+"""Trained tokens/s and peak memory of one GRPO step: our trainer (PEFT, Unsloth, and the sharded path: FSDP2 on 2
+torchrun processes) vs TRL's GRPOTrainer, CPU.
 
 Same tiny model, LoRA config, prompts, completions and group size; each side runs in its own subprocess.
 Usage: `python bench/train_step.py [--steps 8] [--prompts 4] [--group 8] [--tokens 32] [--repeats 2]`
@@ -84,7 +85,13 @@ def run_ours(data: dict[str, Any], engine: str, steps: int) -> dict[str, Any]:
     from art_adapters.training.trainer import Trainer
     from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
-    trainer = Trainer(data["model"], LoRAConfig(**LORA), engine=engine)  # type: ignore[arg-type]
+    trainer: Any
+    if engine.startswith("fsdp2x"):  # the sharded path: N processes (their memory is not in this RSS)
+        from art_adapters.training.sharded import ShardedTrainer
+
+        trainer = ShardedTrainer(data["model"], LoRAConfig(**LORA), processes=int(engine[6:]), engine="peft")
+    else:
+        trainer = Trainer(data["model"], LoRAConfig(**LORA), engine=engine)  # type: ignore[arg-type]
     setup_s = time.perf_counter() - t0
     groups = []
     for row in data["rows"]:
@@ -109,9 +116,12 @@ def run_ours(data: dict[str, Any], engine: str, steps: int) -> dict[str, Any]:
     baseline = rss_mib()
     times, tokens = [], 0
     for _ in range(steps):
+        started = time.perf_counter()  # wall time, the processes' messages included
         metrics = trainer.train_step(groups, config)
-        times.append(metrics["step_seconds"])
+        times.append(time.perf_counter() - started)
         tokens = metrics["trained_tokens"]
+    if hasattr(trainer, "close"):
+        trainer.close()
     return {"engine": trainer.engine, "setup_s": setup_s, "times": times, "tokens": tokens, "rss0": baseline}
 
 
@@ -252,7 +262,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--kinds", default="ours-peft,trl,ours-unsloth")
+    parser.add_argument("--kinds", default="ours-peft,trl,ours-unsloth,ours-fsdp2x2")
     parser.add_argument("--worker", default=None)
     parser.add_argument("--data", default=None)
     args = parser.parse_args()
@@ -301,8 +311,13 @@ def main() -> None:
         base_tps, base_mem = summary["trl"]
         print()
         for kind, (tps, mem) in summary.items():
-            if kind != "trl":
+            if kind != "trl" and not kind.startswith("ours-fsdp2"):
                 print(f"- {kind} vs TRL: {tps / base_tps:.2f}x throughput, {mem / base_mem:.2f}x peak RSS")
+    for kind, (tps, _) in summary.items():
+        if kind.startswith("ours-fsdp2") and "ours-peft" in summary:
+            processes = kind.removeprefix("ours-fsdp2x")
+            print(f"- sharded ({processes} processes) vs one: {summary['ours-peft'][0] / tps:.2f}x step time "
+                  "(2 cores: the sharded path's overhead, not a speed-up)")  # fmt: skip
 
 
 if __name__ == "__main__":

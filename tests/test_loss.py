@@ -87,13 +87,39 @@ def test_gspo_uses_the_sequence_geometric_mean_ratio() -> None:
     log_r = torch.tensor([0.1, -0.1, 0.3, 0.5, 0.5], dtype=torch.float64)  # seq 0 mean 0.1, seq 1 mean 0.5
     adv = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     index = torch.tensor([0, 0, 0, 1, 1])
-    config = TrainConfig(loss="gspo", epsilon=0.2, normalization="sequence")
+    # the published GSPO: its ratio against the sampler (TIS off)
+    config = TrainConfig(
+        loss="gspo", epsilon=0.2, normalization="sequence", truncated_importance_sampling=None
+    )
     loss, sums = policy_loss(new, -log_r, adv, index, config, StepTotals(5, 2))
     g = grad_of(loss, new)
     s0 = math.exp(0.1)
     assert g[:3].tolist() == pytest.approx([-s0 / 3 / 2] * 3)  # every token weighted by the sequence ratio
     assert g[3:].tolist() == [0.0, 0.0]  # exp(0.5) > 1.2 with A>0: the whole sequence is clipped
     assert sums["clipped"] == 2 and sums["ratio"] == pytest.approx(3 * s0 + 2 * math.exp(0.5))
+
+
+def test_gspo_by_default_is_not_eaten_by_the_samplers_bf16_gap() -> None:
+    """Sequence gaps the size measured on an H200 in bf16 (mean |gap| 8e-3 for a 0.5B-shaped model, bench/gpu_check.py):
+    with the published clip 3e-4 / 4e-4 against the sampler, every sequence's tokens are clipped before any update;
+    the default (ratio against the pre-step policy, the gap a capped weight) trains them all, weighted by the gap."""
+    gaps = torch.tensor([0.008, 0.008, -0.008, -0.008], dtype=torch.float64)  # logp_trainer - logp_sampled
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
+    index = torch.tensor([0, 0, 1, 1])
+    published = TrainConfig(loss="gspo", truncated_importance_sampling=None)
+    new = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    loss, sums = policy_loss(new, -gaps, adv, index, published, StepTotals(4, 2))
+    assert sums["clipped"] == 4 and grad_of(loss, new).abs().max() == 0  # nothing trains
+    default = TrainConfig(loss="gspo")
+    assert (
+        default.truncated_importance_sampling == 2.0
+        and "truncated_importance_sampling" not in default.model_fields_set
+    )
+    new = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    loss, sums = policy_loss(new, -gaps, adv, index, default, StepTotals(4, 2))
+    g = grad_of(loss, new)
+    assert sums["clipped"] == 0
+    assert g.tolist() == pytest.approx([-math.exp(0.008) / 4] * 2 + [math.exp(-0.008) / 4] * 2)
 
 
 def test_cispo_keeps_gradients_of_clipped_tokens_with_a_clipped_weight() -> None:

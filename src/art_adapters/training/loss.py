@@ -4,8 +4,9 @@ Variants (r = exp(logp_new - logp_sampled) per trained token, A = the token's gr
 or with per-role rewards (`trajectory.rewards_by_role`) its role's, computed among the group's rewards for that
 role, a trajectory without one counting its overall reward; see `role_advantages`):
   grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) per token (PPO clip; epsilon_high > epsilon is DAPO).
-  gspo:   the same, but r is the trajectory's ratio exp(mean over its trained tokens of logp_new - logp_sampled);
-          defaults as published: clip 3e-4 / 4e-4, sequence normalization.
+  gspo:   the same, but r is the trajectory's ratio exp(mean over its trained tokens of logp_new - logp_old);
+          defaults as published: clip 3e-4 / 4e-4, sequence normalization; and tis (below) by default, since a
+          bf16 sampler's gap to the trainer alone exceeds 3e-4 for most sequences (bench/gpu_check.py).
   cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new; by default no lower clip (epsilon 1), upper 4.
   tis:    with truncated_importance_sampling=C the ratio is taken against the trainer's own pre-step policy
           (r = 1 in value) and each token weighted by min(exp(logp_pre - logp_sampled), C) (Yao et al. 2025).

@@ -36,7 +36,8 @@ def init_from_env(device_type: str) -> Parallel:
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        # CPU tensors (metric sums, norms, commands) go through gloo, CUDA tensors through NCCL
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo")
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     world = dist.get_world_size()

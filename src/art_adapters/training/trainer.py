@@ -474,6 +474,8 @@ class Trainer:
     def _finish(self, metrics: Metrics, started: float) -> Metrics:
         metrics["step"] = self.step
         metrics["step_seconds"] = time.perf_counter() - started
+        if self.device.type == "cuda":
+            metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
 
 
