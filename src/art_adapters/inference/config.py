@@ -42,6 +42,15 @@ class InferenceConfig(BaseModel):
             "(ART's dedicated mode) the engine never sleeps during a step."
         ),
     )
+    replicas: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Engine replicas behind one OpenAI server: vLLM's own data parallelism (--data-parallel-size), its "
+            "load balancer spreading requests; an adapter loaded once is served by every replica. On CUDA give "
+            "as many gpu_ids (one replica each)."
+        ),
+    )
     enable_sleep_mode: bool | None = Field(None, description="CUDA only; None → True on CUDA, False on CPU.")
     logprobs_mode: LogprobsMode = Field(
         "processed_logprobs",

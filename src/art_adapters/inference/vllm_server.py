@@ -151,6 +151,8 @@ class VLLMServer:
             args += ["--max-num-seqs", str(cfg.max_num_seqs)]
         if cfg.enforce_eager:
             args.append("--enforce-eager")
+        if cfg.replicas > 1:
+            args += ["--data-parallel-size", str(cfg.replicas)]
         if self.on_cuda:
             args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
             if cfg.sleep_mode_enabled(True):
