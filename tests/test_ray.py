@@ -38,7 +38,8 @@ def local_ray() -> Iterator[Any]:
 def remote_model(tmp_path: Path) -> Iterator[art.TrainableModel]:
     with ScriptedServer(None) as inference:
         fake = FakeBackend(tmp_path / "art", inference.base_url)
-        with running(create_app(fake, api_key="ray-key", allowed_base_models=["tiny"])) as url:
+        app = create_app(fake, api_key="ray-key", inference_key="rollout-key", allowed_base_models=["tiny"])
+        with running(app) as url:
             yield trainable(), url  # type: ignore[misc]
 
 
@@ -52,7 +53,10 @@ async def rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
         )
     trajectory.reward = float(answer.choices[0].message.content == f"echo: {scenario['q']}")
     trajectory.metadata["pid"] = os.getpid()
-    trajectory.metadata["step"] = await model.get_step()  # the worker's RemoteBackend reaches the server
+    trajectory.metadata["step"] = await model.get_step()  # the step the driver dispatched at
+    trajectory.metadata["key"] = model.inference_api_key
+    if scenario.get("train"):
+        await model.delete_checkpoints()  # a worker holding the inference key cannot manage the model
     return trajectory
 
 
@@ -70,6 +74,7 @@ async def test_groups_come_back_as_from_gather(
     )
     assert [len(g.trajectories) for g in groups] == [2, 2, 2]
     assert all(t.reward == 1.0 and t.metadata["step"] == 0 for g in groups for t in g)
+    assert {t.metadata["key"] for g in groups for t in g} == {"rollout-key"}  # sampled with the inference key
     assert {t.metadata["pid"] for g in groups for t in g} != {os.getpid()}  # ran elsewhere
     call = groups[1].trajectories[0].llm_calls[0]
     assert call.request["messages"][-1]["content"] == "question 1"
@@ -88,3 +93,21 @@ async def test_failures_follow_max_exceptions(local_ray: Any, remote_model: Any)
         await gather_on_ray(rollout, scenarios, 2, model=model, max_exceptions=0.2, pbar_desc=None)
     with pytest.raises(ValueError, match="group_size"):
         await gather_on_ray(rollout, scenarios, 0, model=model)
+
+
+async def test_workers_get_the_inference_key_never_the_admin_key(local_ray: Any, remote_model: Any) -> None:
+    """What crosses to the workers (Ray's object store, any host of the cluster) holds no key that trains."""
+    import json
+
+    from art_adapters.ray import model_spec
+
+    model, url = remote_model
+    await model.register(RemoteBackend(url, "ray-key"))
+    assert "ray-key" not in json.dumps(model_spec(model, 3)) and "rollout-key" in json.dumps(
+        model_spec(model, 3)
+    )
+    groups = await gather_on_ray(
+        rollout, [{"id": 1, "q": "q", "train": True}], 1, model=model, max_exceptions=1, pbar_desc=None
+    )
+    assert groups[0].exceptions[0].type == "RuntimeError"
+    assert "a Ray rollout worker only samples" in groups[0].exceptions[0].message

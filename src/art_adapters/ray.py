@@ -23,36 +23,53 @@ def _ray() -> Any:
     return ray
 
 
-def model_spec(model: Model) -> dict[str, Any]:
-    """What a worker needs to rebuild the model: its JSON, its endpoint, and a RemoteBackend's address."""
-    from .backend.remote import RemoteBackend
-
+def model_spec(model: Model, step: int = 0) -> dict[str, Any]:
+    """What a worker needs to run rollouts: the model's JSON, its inference endpoint (with the key that opens only
+    `/v1/*` on a server started with `--inference-key`), and the step the driver is at. Never the backend's
+    admin key: a rollout worker cannot train, log or delete."""
     endpoint = model._endpoint
-    backend = model._backend
     return {
         "trainable": isinstance(model, TrainableModel),
         "model": model.model_dump_json(),
         "endpoint": endpoint.model_dump_json() if endpoint is not None else None,
-        "remote": (
-            {"base_url": backend.base_url, "api_key": backend.api_key, "timeout_s": backend.timeout_s}
-            if isinstance(backend, RemoteBackend)
-            else None
-        ),
+        "step": step,
     }
 
 
 def rebuild_model(spec: dict[str, Any]) -> Model:
-    """The worker's copy of the model: same endpoint (token ids included); `get_step` etc. work through a
-    RemoteBackend when the driver used one."""
+    """The worker's copy of the model: the same endpoint (token ids included); `get_step()` answers the driver's
+    step at dispatch; training calls are refused."""
     cls = TrainableModel if spec["trainable"] else Model
     model = cls.model_validate_json(spec["model"])
     if spec["endpoint"] is not None:
         model._endpoint = InferenceEndpoint.model_validate_json(spec["endpoint"])
-    if spec["remote"] is not None:
-        from .backend.remote import RemoteBackend
-
-        model._backend = RemoteBackend(**spec["remote"])
+    model._backend = RolloutWorkerBackend(int(spec.get("step", 0)))  # type: ignore[assignment]
     return model
+
+
+class RolloutWorkerBackend:
+    """A rollout worker's backend: it knows the step its rollouts sample from, and nothing else."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    async def get_step(self, model: Model) -> int:
+        return self.step
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(
+                f"{name}: a Ray rollout worker only samples (it holds the inference key, not the backend's): "
+                "train, log and manage checkpoints from the driver"
+            )
+
+        return refused
+
+    async def close(self) -> None:
+        return None
 
 
 def run_rollouts(
@@ -102,8 +119,9 @@ async def gather_on_ray(
     """One TrajectoryGroup per scenario, in order, each of `group_size` rollouts `await rollout_fn(model, scenario)`
     run on Ray workers.
 
-    The model travels as JSON (its endpoint must be reachable from the workers: in a cluster, serve the backend on
-    a routable host with an API key). `rollout_fn` and the scenarios travel by Ray's pickling, so they must be
+    The model travels as JSON with its inference endpoint only (reachable from the workers: in a cluster, serve
+    the backend on a routable host with `--api-key` and `--inference-key`; workers get the inference key, which
+    opens `/v1/*` alone, and `get_step()` answers the step at dispatch). `rollout_fn` and the scenarios travel by Ray's pickling, so they must be
     importable on the workers. `group_per_task=True` runs a whole group in one task (cheaper for I/O-bound
     agents); otherwise each rollout is its own task with `num_cpus`. `max_exceptions` as in
     `gather_trajectory_groups` (a count, or a fraction in (0, 1) of all rollouts); past it `RolloutError` is raised.
@@ -117,7 +135,8 @@ async def gather_on_ray(
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
     items: Sequence[S] = list(scenarios)
-    spec = ray.put(model_spec(model))
+    step = await model.get_step() if isinstance(model, TrainableModel) and model._backend is not None else 0
+    spec = ray.put(model_spec(model, step))
     task = ray.remote(run_rollouts).options(num_cpus=num_cpus, **(remote_options or {}))
     per_task = group_size if group_per_task else 1
     jobs = [(k, per_task) for k in range(len(items)) for _ in range(group_size // per_task)]
