@@ -182,7 +182,51 @@ async def test_local_backend_trains_on_two_processes_with_one_setting(
         trainer = await backend.trainer(model)
         assert isinstance(trainer, ShardedTrainer) and trainer.engine == "peft+fsdp2x2"
         ids = [1, 2, 3, 72, 101, 108, 108, 111]
-        assert await backend.served_logprob_diff(model, ids, 1) <= 1e-4  # as for one process (test_train_loop)
+        assert (
+            await backend.served_logprob_diff(model, ids, 1) <= 1e-4
+        )  # as for one process (test_train_loop)
     finally:
         await backend.close()
     assert trainer._process.poll() is not None  # close() stopped the processes
+
+
+def test_a_second_host_joins_through_torchruns_rendezvous(
+    single: tuple[Trainer, Path], tmp_path: Path
+) -> None:
+    """Two "hosts" on this machine: node 0 is the backend's ShardedTrainer, node 1 joins with the command a user
+    runs on the other host (`art-adapters trainer-worker`); the step equals one process's."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        master = f"127.0.0.1:{probe.getsockname()[1]}"
+    joiner = subprocess.Popen(
+        [sys.executable, "-m", "art_adapters.cli", "trainer-worker", "--nodes", "2", "--node-rank", "1",
+         "--master", master, "--base-model", str(tiny_model_path()), "--lora", HEAD.model_dump_json(),
+         "--device", "cpu"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        sharded = ShardedTrainer(tiny_model_path(), HEAD, processes=1, nodes=2, master=master, engine="peft")
+        try:
+            trainer, start = single
+            groups = rollouts(trainer, seed=11)
+            config = TrainConfig(learning_rate=LR, micro_batch_tokens=64)
+            trainer.load(start)
+            sharded.load(start)
+            one = trainer.train_step(groups, config)
+            two = sharded.train_step(groups, config)
+            assert two["trainer_processes"] == 2 and two["loss"] == pytest.approx(
+                one["loss"], rel=1e-5, abs=1e-7
+            )
+            trainer.save(tmp_path / "one")
+            sharded.save(tmp_path / "two")
+            assert_same_adapter(tmp_path / "one", tmp_path / "two")
+        finally:
+            sharded.close()
+        assert joiner.wait(timeout=60) == 0  # node 1 ends with the trainer
+    finally:
+        if joiner.poll() is None:
+            joiner.kill()

@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     commands.add_parser(
+        "trainer-worker",
+        help="join a sharded trainer from another host (see `trainer-worker --help`)",
+        add_help=False,
+    )
+
+    commands.add_parser(
         "doctor",
         help="find where captured calls stop chaining (retokenization drift) and why (see `doctor --help`)",
         add_help=False,
@@ -68,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
         serve_command(argv[1:])
         return 0
+    if argv[:1] == ["trainer-worker"]:
+        from .training.sharded import trainer_worker_command
+
+        return trainer_worker_command(argv[1:])
     if argv[:1] == ["doctor"]:
         from .doctor import doctor_command
 

@@ -48,6 +48,8 @@ def serve(
     limits: RequestLimits | None = None,
     trainer_processes: int | None = None,
     trainer_gpu_ids: list[int] | None = None,
+    trainer_nodes: int = 1,
+    trainer_master: str | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
@@ -70,6 +72,8 @@ def serve(
             inference=InferenceConfig(limits=limits),
             trainer_processes=trainer_processes,
             trainer_gpu_ids=trainer_gpu_ids,
+            trainer_nodes=trainer_nodes,
+            trainer_master=trainer_master,
         )
     from .server import create_app
 
@@ -145,6 +149,15 @@ def serve_command(argv: list[str] | None = None) -> None:
         metavar="ID",
         help="a GPU the trainer uses (repeatable)",
     )
+    parser.add_argument(
+        "--trainer-nodes", type=int, default=1, help="hosts in the sharded trainer (this is node 0)"
+    )
+    parser.add_argument(
+        "--trainer-master",
+        default=None,
+        metavar="HOST:PORT",
+        help="node 0's rendezvous address, reachable by the others",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -163,4 +176,6 @@ def serve_command(argv: list[str] | None = None) -> None:
         ),
         trainer_processes=args.trainer_processes,
         trainer_gpu_ids=args.trainer_gpu,
+        trainer_nodes=args.trainer_nodes,
+        trainer_master=args.trainer_master,
     )

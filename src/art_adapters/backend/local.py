@@ -35,7 +35,8 @@ class LocalBackend(CheckpointSync, ARTTraining):
 
     Past one GPU: `trainer_processes=N` trains each step data-parallel on N processes under torchrun with FSDP2
     (`training/sharded.py`; one per trainer GPU on CUDA, gloo on the CPU); several `trainer_gpu_ids` imply it.
-    Checkpoints are the same single adapter folder.
+    Checkpoints are the same single adapter folder. Across hosts: `trainer_nodes=N, trainer_master="host:port"`
+    makes this host node 0 of torchrun's rendezvous; the others join with `art-adapters trainer-worker`.
 
     Use it as is, or as a context manager (`with` / `async with`) that stops its servers on exit."""
 
@@ -46,6 +47,8 @@ class LocalBackend(CheckpointSync, ARTTraining):
         inference: InferenceConfig | None = None,
         trainer_gpu_ids: list[int] | None = None,
         trainer_processes: int | None = None,
+        trainer_nodes: int = 1,
+        trainer_master: str | None = None,
     ) -> None:
         self.path = Path(path if path is not None else ".art").resolve()  # None: ART's default folder
         self.inference = inference
@@ -53,6 +56,10 @@ class LocalBackend(CheckpointSync, ARTTraining):
         if trainer_processes is not None and trainer_processes < 1:
             raise ValueError(f"trainer_processes must be >= 1, not {trainer_processes}")
         self.trainer_processes = trainer_processes
+        self.trainer_nodes = (
+            trainer_nodes  # hosts in the sharded trainer; this one is node 0 at trainer_master
+        )
+        self.trainer_master = trainer_master
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
         self._models: dict[Path, Registered] = {}  # by model folder
@@ -402,12 +409,19 @@ class LocalBackend(CheckpointSync, ARTTraining):
         gpus = self.trainer_gpu_ids or model.trainer_gpu_ids()
         processes = self.trainer_processes or max(len(gpus), 1)
         trainer: Trainer | ShardedTrainer
-        if processes > 1:
+        if processes > 1 or self.trainer_nodes > 1:
             from ..training.sharded import ShardedTrainer
 
             if gpus and len(gpus) != processes:
                 raise ValueError(f"trainer_processes={processes} needs as many trainer GPU ids, not {gpus}")
-            trainer = ShardedTrainer(model.base_model, model.lora, processes=processes, gpu_ids=gpus or None)
+            trainer = ShardedTrainer(
+                model.base_model,
+                model.lora,
+                processes=processes,
+                gpu_ids=gpus or None,
+                nodes=self.trainer_nodes,
+                master=self.trainer_master,
+            )
         else:
             from ..training.trainer import Trainer
 

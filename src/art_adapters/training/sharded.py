@@ -31,8 +31,9 @@ class TrainerProcessError(RuntimeError):
 
 
 class ShardedTrainer:
-    """`processes` trainer processes on this host (`gpu_ids`: one GPU each; none: CPU, gloo). More hosts join
-    through torchrun's rendezvous (see README, "Past one GPU")."""
+    """`processes` trainer processes on this host (`gpu_ids`: one GPU each; none: CPU, gloo). With `nodes > 1`,
+    this host is node 0 of torchrun's static rendezvous at `master` ("host:port", reachable from the others),
+    and each other host joins with `worker_command(...)` (`art-adapters trainer-worker`)."""
 
     def __init__(
         self,
@@ -41,6 +42,8 @@ class ShardedTrainer:
         *,
         processes: int,
         gpu_ids: list[int] | None = None,
+        nodes: int = 1,
+        master: str | None = None,
         engine: str = "auto",
         seed: int = 0,
         max_seq_len: int = 2048,
@@ -50,6 +53,10 @@ class ShardedTrainer:
             raise ValueError(f"trainer processes must be >= 1, not {processes}")
         if gpu_ids and len(gpu_ids) != processes:
             raise ValueError(f"{processes} trainer processes need {processes} GPU ids, not {gpu_ids}")
+        if nodes > 1 and not master:
+            raise ValueError(
+                "a trainer on several hosts needs master='host:port' (this host, reachable by the others)"
+            )
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
         self.processes = processes
@@ -65,23 +72,27 @@ class ShardedTrainer:
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
         if gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={processes}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={_free_port()}",
-            "-m",
-            "art_adapters.training.worker",
-            f"--socket={self._folder / 'control.sock'}",
-            f"--base-model={self.base_model}",
-            f"--lora={self.lora.model_dump_json()}",
-            f"--device={'cuda' if gpu_ids else 'cpu'}",
-            f"--engine={engine}",
-            f"--seed={seed}",
-            f"--max-seq-len={max_seq_len}",
-        ]
+        address = master or f"127.0.0.1:{_free_port()}"
+        command = worker_command(
+            self.base_model,
+            self.lora,
+            processes=processes,
+            nodes=nodes,
+            node_rank=0,
+            master=address,
+            device="cuda" if gpu_ids else "cpu",
+            engine=engine,
+            seed=seed,
+            max_seq_len=max_seq_len,
+        ) + [f"--socket={self._folder / 'control.sock'}"]
+        if nodes > 1:
+            join = worker_command(
+                self.base_model, self.lora, processes=processes, nodes=nodes, node_rank=1, master=address,
+                device="cuda" if gpu_ids else "cpu", engine=engine, seed=seed, max_seq_len=max_seq_len,
+            )  # fmt: skip
+            log.info(
+                "trainer node 0 of %d waits at %s; on each other host run: %s", nodes, address, " ".join(join)
+            )
         with self._log_path.open("wb") as out:
             self._process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         self._finalizer = weakref.finalize(self, _stop, self._process, self._folder)
@@ -207,6 +218,43 @@ class ShardedTrainer:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def worker_command(
+    base_model: str,
+    lora: LoRAConfig,
+    *,
+    processes: int,
+    nodes: int,
+    node_rank: int,
+    master: str,
+    device: str,
+    engine: str = "auto",
+    seed: int = 0,
+    max_seq_len: int = 2048,
+) -> list[str]:
+    """torchrun's command for one host's trainer processes (node 0 also gets `--socket`, added by the leader)."""
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"master must be 'host:port', not {master!r}")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={processes}",
+        f"--master-addr={host}",
+        f"--master-port={port}",
+        "-m",
+        "art_adapters.training.worker",
+        f"--base-model={base_model}",
+        f"--lora={lora.model_dump_json()}",
+        f"--device={device}",
+        f"--engine={engine}",
+        f"--seed={seed}",
+        f"--max-seq-len={max_seq_len}",
+    ]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -223,4 +271,39 @@ def _stop(process: subprocess.Popen[bytes], folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["ShardedTrainer", "TrainerProcessError"]
+__all__ = ["ShardedTrainer", "TrainerProcessError", "worker_command"]
+
+
+def trainer_worker_command(argv: list[str] | None = None) -> int:
+    """`art-adapters trainer-worker`: join a sharded trainer from another host (node 1..N-1 of its rendezvous)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="art-adapters trainer-worker",
+        description="Run this host's share of a sharded trainer whose node 0 is an `art-adapters serve` (or a "
+        "LocalBackend) started with the same --trainer-nodes and --trainer-master.",
+    )
+    parser.add_argument("--nodes", type=int, required=True, help="hosts in the trainer, this one included")
+    parser.add_argument("--node-rank", type=int, required=True, help="this host's number, 1..nodes-1")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="trainer processes on this host (one per GPU)"
+    )
+    parser.add_argument("--master", required=True, help="node 0's host:port")
+    parser.add_argument("--base-model", required=True, help="the same base model (a path on this host)")
+    parser.add_argument("--lora", default="{}", help="the model's LoRAConfig as JSON (node 0 logs it)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 1 <= args.node_rank < args.nodes:
+        raise SystemExit(f"--node-rank must be 1..{args.nodes - 1} (node 0 is the backend's host)")
+    command = worker_command(
+        args.base_model,
+        LoRAConfig.model_validate_json(args.lora),
+        processes=args.processes,
+        nodes=args.nodes,
+        node_rank=args.node_rank,
+        master=args.master,
+        device=args.device,
+        seed=args.seed,
+    )
+    return subprocess.call(command)

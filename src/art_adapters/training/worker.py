@@ -100,7 +100,7 @@ def serve(trainer: Trainer, parallel: Parallel, conn: socket.socket | None) -> N
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--socket", required=True, help="the backend's Unix socket (the leader connects)")
+    parser.add_argument("--socket", default=None, help="the backend's Unix socket (node 0's leader connects)")
     parser.add_argument("--base-model", required=True)
     parser.add_argument("--lora", default="{}", help="LoRAConfig as JSON")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -122,6 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     conn = None
     if parallel.leader:
+        if args.socket is None:
+            raise SystemExit(
+                "the trainer's rank 0 runs on the backend's host (node 0), which passes --socket"
+            )
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(args.socket)
         send(conn, {"ready": True, "engine": trainer.engine, "load_seconds": trainer.load_seconds, "step": 0})
