@@ -204,3 +204,30 @@ def test_where_labels_name_node_agent_and_role() -> None:
         where_label(CallSource(agent="expert", agent_path=["billing", "expert"])) == "agent billing > expert"
     )
     assert where_label(CallSource()) == ""
+
+
+def test_each_call_shows_the_version_that_sampled_it() -> None:
+    """Issue 22: the version travels to the report's call view and to each Langfuse generation."""
+    from art_adapters.report import trajectory_view
+    from art_adapters.tracing._convert import generation_obs
+    from art_adapters.trajectories import LLMCall
+
+    call = LLMCall(
+        request={"model": "proj/agent", "messages": [{"role": "user", "content": "hi"}]},
+        response={
+            "model": "proj/agent",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "yo"}}],
+        },
+        model="proj/agent",
+        policy_version=3,
+        served_model="proj/agent@3",
+    )
+    view = trajectory_view(Trajectory(llm_calls=[call], reward=1.0))
+    assert view["calls"][0]["version"] == 3
+    obs = generation_obs(call, 0, step=5)  # the rollout ran at step 5; version 3 sampled this call
+    assert obs.model == "proj/agent@3"
+    assert obs.metadata["policy_version"] == 3 and obs.metadata["served_model"] == "proj/agent@3"
+    unversioned = generation_obs(
+        call.model_copy(update={"policy_version": None, "served_model": None}), 0, step=5
+    )
+    assert unversioned.model == "proj/agent@5" and "policy_version" not in unversioned.metadata

@@ -77,7 +77,8 @@ SCRIPT = r"""
       if (w) viewer.appendChild(el('h3', 'where', w + ' \u00b7 ' + byWhere[w].length + ' call(s)'));
       byWhere[w].forEach(([c, j]) => {
         if (!c.tokens.length) return;
-        viewer.appendChild(el('h4', null, 'call ' + j + ': sampled tokens (' + c.model + ', ' + c.tokens.length + ' tokens)'));
+        const version = c.version === null || c.version === undefined ? '' : ', sampled by version ' + c.version;
+        viewer.appendChild(el('h4', null, 'call ' + j + ': sampled tokens (' + c.model + version + ', ' + c.tokens.length + ' tokens)'));
         const div = el('div', 'tokens');
         c.tokens.forEach(([piece, lp, id]) => { const s = el('span', 'tok', piece); s.style.background = shade(lp);
           s.title = 'id ' + id + (lp === null ? '' : '  logprob ' + lp.toFixed(4) + '  p ' + Math.exp(lp).toFixed(3));

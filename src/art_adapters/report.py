@@ -213,6 +213,7 @@ def trajectory_view(t: Trajectory) -> dict[str, Any]:
             "latency_s": c.latency_s,
             "error": c.error,
             "where": where_label(c.source),
+            "version": c.policy_version,
         }
         for c in t.llm_calls
     ]

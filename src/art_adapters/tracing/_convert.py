@@ -120,10 +120,12 @@ def model_parameters(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_name(call: LLMCall, step: int | None) -> str | None:
-    """The call's model, as `name@step` when a step is known and the name does not carry one."""
+    """The call's model, as `name@version`: the version that sampled it (from the gateway), else the step the
+    rollout ran at, when the name does not carry one."""
     model = call.model or (call.response or {}).get("model")
-    if model and step is not None and "@" not in model:
-        return f"{model}@{step}"
+    version = call.policy_version if call.policy_version is not None else step
+    if model and version is not None and "@" not in model:
+        return f"{model}@{version}"
     return model
 
 
@@ -140,6 +142,8 @@ def generation_obs(call: LLMCall, index: int, step: int | None, history: int | N
         "status_code": call.status_code,
         "latency_s": round(call.latency_s, 6),
         "url": call.url or None,
+        "policy_version": call.policy_version,  # the weights that sampled this call
+        "served_model": call.served_model,
     }
     if call.request_tools():
         metadata["tools"] = [(t.get("function") or {}).get("name") for t in call.request["tools"]]
