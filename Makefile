@@ -39,6 +39,7 @@ bench: venv
 	$(BIN)/python bench/train_step.py
 	$(BIN)/python bench/fidelity.py
 	$(BIN)/python bench/async_pipeline.py
+	$(BIN)/python bench/replicas.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples

@@ -78,6 +78,7 @@ _LAZY = {
     "LangfuseExporter": ".tracing.langfuse",
     "WandbLogger": ".tracing.wandb",
     "write_report": ".report",
+    "RecordingEndpoint": ".capture.endpoint",
 }
 
 
@@ -145,5 +146,6 @@ __all__ = [
     "trajectory_group",
     "trajectory_group_batches",
     "write_report",
+    "RecordingEndpoint",
     "yield_trajectory",
 ]
