@@ -340,3 +340,27 @@ async def test_plain_model_is_reached_directly_and_api_key_from_env(
         response = await client.post(f"{served}/v1/chat/completions", json={"model": "judge", "messages": []})
     assert response.status_code == 404  # the server relays only to what its backend serves
     assert "not registered" in response.json()["error"]["message"]
+
+
+async def test_an_out_of_process_agent_is_recorded_through_serve_behind_its_key(served: str) -> None:
+    """The recording endpoint in front of `serve`: the agent (a subprocess) holds no key, the proxy sees ours."""
+    import subprocess
+    import sys
+
+    backend = RemoteBackend(served, api_key="server-key")
+    model = trainable()
+    await model.register(backend)
+    agent = Path(__file__).parent / "agents" / "openai_tool_loop.py"
+    with art.RecordingEndpoint(model.inference_base_url, model.inference_api_key) as endpoint:
+        async with art.capture() as trajectory:
+            out = subprocess.run(
+                [sys.executable, str(agent), endpoint.url(), model.get_inference_name()],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"answer": "echo: Weather in Oslo?"}
+    (call,) = trajectory.llm_calls
+    assert call.completion_token_ids and call.request["model"] == "agent-1"
+    await backend.close()
