@@ -12,7 +12,7 @@ TORCH_INDEX = $(shell $(PYTHON) -m pip install --dry-run --quiet --no-deps --no-
 # matmul 30x slower under load with the default policy).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv demo test test-fast bench lint clean
+.PHONY: venv demo test test-fast matrix bench lint clean
 
 venv: $(STAMP)
 
@@ -28,7 +28,12 @@ demo: venv
 	$(BIN)/art-adapters demo
 
 test: venv
-	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --ignore=tests/test_matrix.py $(PYTEST_ARGS)
+
+# The framework matrix: third-party agent frameworks on vLLM, each in its environment (.venv-matrix/, made on
+# first use); `python tests/matrix/table.py` then writes README's table from build/matrix.json.
+matrix: venv
+	$(BIN)/python -m pytest -q -rs tests/test_matrix.py $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not vllm and not train" $(PYTEST_ARGS)
@@ -46,4 +51,4 @@ lint: venv
 	$(BIN)/ruff format --check src tests bench examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-matrix .pytest_cache .ruff_cache

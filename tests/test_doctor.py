@@ -43,15 +43,16 @@ def sampled(
     ids: list[int] | None = None,
     finish: str = "stop",
     message: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] = TOOLS,
     **template_kwargs: Any,
 ) -> LLMCall:
     """A call whose engine saw `messages` and sampled `text` (or `ids`), ending at <|im_end|> unless cut off."""
-    prompt = chat_template_ids(tok, messages, TOOLS, **template_kwargs)
+    prompt = chat_template_ids(tok, messages, tools or None, **template_kwargs)
     completion = list(ids if ids is not None else tok.encode(text, add_special_tokens=False))
     if finish == "stop":
         completion.append(tok.convert_tokens_to_ids("<|im_end|>"))
     reply = message or {"role": "assistant", "content": text}
-    request: dict[str, Any] = {"model": "m", "messages": messages, "tools": TOOLS}
+    request: dict[str, Any] = {"model": "m", "messages": messages, "tools": tools}
     if template_kwargs:
         request["chat_template_kwargs"] = template_kwargs
     return LLMCall(
@@ -136,7 +137,27 @@ def test_edited_history(tok: Any) -> None:
     first = sampled(tok, START, "Four.")
     history = [START[1], {"role": "assistant", "content": "Four."}, {"role": "user", "content": "Again"}]
     call, causes = only_cause(tok, Trajectory(llm_calls=[first, sampled(tok, history, "Five.")]))
-    assert call.chained is False and causes == ["edited"]  # the agent dropped the system message
+    assert call.chained is False and causes == ["system"]  # the agent dropped the system message
+
+
+def test_the_way_a_framework_reshaped_history_is_named(tok: Any) -> None:
+    """What agent frameworks do between calls (seen in the framework matrix), each named in words."""
+    first = sampled(tok, START, "Four.")
+    again = {"role": "user", "content": "Again"}
+    answered = [*START, {"role": "assistant", "content": "Four."}, again]
+    reshaped = {
+        "tools": sampled(
+            tok, answered, "Five.", tools=[]
+        ),  # AutoGen's reflection call goes without its tools
+        # a window kept the last answer only: the first question is gone
+        "trimmed": sampled(tok, [START[0], {"role": "assistant", "content": "Four."}, again], "Five."),
+        "edited": sampled(tok, [*START, {"role": "assistant", "content": "It was four."}, again], "Five."),
+    }
+    for cause, second in reshaped.items():
+        call, causes = only_cause(tok, Trajectory(llm_calls=[first, second]))
+        assert call.chained is False and causes == [cause]
+        assert CAUSES[cause]  # and the report explains it in words
+    assert only_cause(tok, Trajectory(llm_calls=[first, sampled(tok, answered, "Five.")]))[0].chained
 
 
 def test_reasoning_stripped_by_qwen3(tok: Any) -> None:
@@ -187,6 +208,9 @@ def test_a_different_template_and_the_cli(
         "boundary",
         "retokenized",
         "edited",
+        "tools",
+        "system",
+        "trimmed",
         "template",
         "temperature",
     }

@@ -72,6 +72,9 @@ async def test_a_supervisor_with_two_named_workers_gives_one_history_per_agent()
     assert 1 + len(trajectory.additional_histories) == 3
     assert trajectory.messages()[-1]["content"] == "All done: 2.1M and 5."
     assert sorted(len(h.llm_calls) for h in trajectory.additional_histories) == [2, 2]
+    # create_agent(name=...) names each worker's calls; the supervisor (langgraph.prebuilt) names none
+    assert [c.source.agent for c in trajectory.llm_calls].count(None) == 3
+    assert {c.source.agent for c in trajectory.llm_calls} == {"research_expert", "math_expert", None}
     by_node = trajectory.histories(by="node")
     assert {key: [len(h.llm_calls) for h in hs] for key, hs in by_node.items()} == {
         "supervisor/agent": [3],

@@ -353,7 +353,8 @@ async def test_an_out_of_process_agent_is_recorded_through_serve_behind_its_key(
     agent = Path(__file__).parent / "agents" / "openai_tool_loop.py"
     with art.RecordingEndpoint(model.inference_base_url, model.inference_api_key) as endpoint:
         async with art.capture() as trajectory:
-            out = subprocess.run(
+            out = await asyncio.to_thread(
+                subprocess.run,
                 [sys.executable, str(agent), endpoint.url(), model.get_inference_name()],
                 capture_output=True,
                 text=True,

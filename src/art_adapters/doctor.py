@@ -30,7 +30,13 @@ CAUSES = {
     "history renders other whitespace or merges into other tokens",
     "retokenized": "the model sampled a non-canonical tokenization of its text; re-encoding the same text gives "
     "other ids",
-    "edited": "the history sent differs from what was sampled (the agent edited, dropped or reordered messages)",
+    "tools": "the tool list changed between the calls (an agent that drops its tools for a final or reflection "
+    "call): the tools render at the top of the prompt, so nothing before them carries over",
+    "system": "the system prompt changed between the calls (another agent's instructions, or a prompt that "
+    "embeds a step counter, the date or the history)",
+    "trimmed": "earlier messages were dropped or summarised: the history sent is shorter than the one sampled",
+    "edited": "the history sent differs from what was sampled (the agent re-wrote or reordered messages, e.g. "
+    "tool calls rendered back as text)",
     "template": "a different template or tokenizer: the model folder's chat template does not render this "
     "request to the ids the engine saw",
     "temperature": "sampled at another temperature than the sequence it extends (a training sequence has one "
@@ -153,8 +159,28 @@ def _diagnose_call(
     if d == len(sequence):  # it extends that sequence's tokens, at another temperature
         result.causes.insert(0, "temperature")
     else:
-        result.causes.insert(0, _cause(tokenizer, calls[ends[best]], sequence, prompt, d))
+        cause = _cause(tokenizer, calls[ends[best]], sequence, prompt, d)
+        result.causes.insert(0, _reshaped(calls[ends[best]], call) if cause == "edited" else cause)
     return result, None
+
+
+def _reshaped(previous: LLMCall, call: LLMCall) -> str:
+    """Which way an agent's framework reshaped the history between two calls, from their requests."""
+    if (previous.request_tools() or []) != (call.request_tools() or []):
+        return "tools"
+    before, after = previous.request_messages(), call.request_messages()
+    if [m for m in before if m.get("role") == "system"] != [m for m in after if m.get("role") == "system"]:
+        return "system"
+
+    def key(m: dict[str, Any]) -> tuple[Any, str]:
+        return m.get("role"), json.dumps(m.get("content"), sort_keys=True)
+
+    sent = {key(m) for m in after}
+    present = [key(m) in sent for m in before if m.get("role") != "system"]
+    dropped = present.index(True) if True in present else len(present)
+    if dropped and all(present[dropped:]):
+        return "trimmed"  # the oldest messages went (a window, a summary), the rest stayed as they were
+    return "edited"
 
 
 def _cause(tokenizer: Any, previous: LLMCall, sequence: list[int], prompt: list[int], d: int) -> str:

@@ -123,8 +123,12 @@ def _from_metadata(
     node = metadata.get("langgraph_node")
     namespace = metadata.get("checkpoint_ns", metadata.get("langgraph_checkpoint_ns"))
     role = metadata.get("role")
+    agent = metadata.get(
+        "lc_agent_name"
+    )  # LangChain v1's create_agent(name=...): supervisors' and swarms' workers
     return CallSource(
         framework="langgraph" if node is not None else "langchain",
+        agent=agent if isinstance(agent, str) and agent else None,
         node=str(node) if node is not None else None,
         checkpoint_ns=str(namespace) if namespace else None,
         run_id=str(run_id) if run_id is not None else None,

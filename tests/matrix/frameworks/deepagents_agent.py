@@ -1,0 +1,46 @@
+"""deepagents: `create_deep_agent` with a weather sub-agent; the main agent starts two sub-agents in parallel (two
+`task` calls in one turn), each calls the tool and answers, then the main agent answers."""
+
+from __future__ import annotations
+
+from common import ANSWER, QUESTION, Endpoint, call, called, get_weather, react, tool_names
+
+NAME = "deepagents (parallel sub-agents)"
+PACKAGES = ["deepagents"]
+ENV = "main"
+CALLS = 6  # per rollout: main, 2 x (sub-agent tool, sub-agent answer), main
+SEQUENCES = 3  # per rollout, after chaining
+WHY = "one per agent: the main agent's and each sub-agent's"
+STREAMED = "every call"
+
+
+def script(body: dict) -> str:
+    if "task" not in tool_names(body):
+        return react(body)
+    if called(body, "task"):
+        return ANSWER
+    tasks = [
+        call("task", {"description": f"The weather in {city}.", "subagent_type": "weather"})
+        for city in ("Oslo", "Bergen")
+    ]
+    return "\n".join(tasks)
+
+
+async def rollout(endpoint: Endpoint, k: int) -> str:
+    from deepagents import create_deep_agent
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=endpoint.model, base_url=endpoint.base_url, api_key=endpoint.api_key, streaming=True
+    )
+    weather = {
+        "name": "weather",
+        "description": "Finds the weather in one city.",
+        "system_prompt": "Use get_weather, then answer.",
+        "tools": [get_weather],
+    }
+    agent = create_deep_agent(
+        model=llm, tools=[], system_prompt="Delegate weather questions.", subagents=[weather]
+    )
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": QUESTION}]})
+    return state["messages"][-1].content
