@@ -32,7 +32,7 @@ from art_adapters.training.tokenize import tokenize_trajectory
 MATRIX = Path(__file__).parent / "matrix"
 sys.path.insert(0, str(MATRIX))
 
-from common import ANSWER  # noqa: E402
+from common import ANSWER, rollout_of  # noqa: E402
 from envs import FRAMEWORKS, python_for  # noqa: E402
 from steering import SteeringProxy  # noqa: E402
 
@@ -121,8 +121,9 @@ async def test_framework(framework: str, stack: tuple[Any, Any, SteeringProxy], 
     assert Counter(map(ids_of, calls)) == Counter(
         (tuple(e.prompt_token_ids), tuple(e.completion_token_ids), tuple(e.logprobs)) for e in exchanges
     )
-    for trajectory in trajectories:  # each rollout holds its own calls (one question per rollout)
+    for k, trajectory in enumerate(trajectories):  # each rollout holds its own calls, and all of them
         assert len(trajectory.llm_calls) == module.CALLS, [source_of(c) for c in trajectory.llm_calls]
+        assert all(rollout_of(c.request) == f"(rollout {k})" for c in trajectory.llm_calls)
         assert all(c.error is None and c.completion_token_ids for c in trajectory.llm_calls)
     sources = [source_of(c) for c in trajectories[0].llm_calls]
     if hasattr(module, "SOURCES"):

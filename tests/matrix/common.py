@@ -4,10 +4,24 @@ requests (chat completions or Responses) that the steering scripts decide on. Im
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 QUESTION = "What is the weather in Oslo?"
+
+
+def question(k: int) -> str:
+    """Rollout k's question: its marker shows that every call of a rollout landed in that rollout."""
+    return f"{QUESTION} (rollout {k})"
+
+
+def rollout_of(body: dict[str, Any]) -> str:
+    """The marker of the rollout a request belongs to (for scripts that pass it on, e.g. to a sub-agent)."""
+    found = re.search(r"\(rollout \d+\)", json.dumps(body))
+    return found.group(0) if found else ""
+
+
 WEATHER = "3C, rain"
 ANSWER = "Oslo: 3C and rain."
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common import QUESTION, Endpoint, react
+from common import Endpoint, question, react
 
 NAME = "art_adapters MCP toolset + run_tool_loop (mcp 1.10)"
 PACKAGES = ["mcp", "pydantic"]
@@ -29,7 +29,7 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
 
     client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
     async with mcp_toolset(MCPServerSpec.stdio(sys.executable, str(SERVER))) as tools:
-        messages = [{"role": "user", "content": QUESTION}]
+        messages = [{"role": "user", "content": question(k)}]
         result = await run_tool_loop(client, endpoint.model, messages, tools.schemas, tools, max_turns=3)
     assert result.tool_calls == 1 and result.tool_errors == 0, result.messages
     assert result.messages[2]["content"] == "Lima", result.messages

@@ -3,7 +3,7 @@ the tool's result with a second call."""
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "AutoGen AgentChat"
 PACKAGES = ["autogen-agentchat", "autogen-ext"]
@@ -36,5 +36,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         reflect_on_tool_use=True,
         model_client_stream=True,
     )
-    result = await agent.run(task=QUESTION)
+    result = await agent.run(task=question(k))
     return str(result.messages[-1].content)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from common import ANSWER, QUESTION, Endpoint, call, called, tool_names, turns
+from common import ANSWER, Endpoint, call, called, question, tool_names, turns
 
 NAME = "CrewAI"
 PACKAGES = ["crewai"]
@@ -40,6 +40,6 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         role="Weather reporter", goal="Answer weather questions", backstory="You read the weather tool.",
         llm=llm, tools=[get_weather], verbose=False,
     )  # fmt: skip
-    task = Task(description=QUESTION, expected_output="The weather in one sentence.", agent=agent)
+    task = Task(description=question(k), expected_output="The weather in one sentence.", agent=agent)
     result = await Crew(agents=[agent], tasks=[task], verbose=False).kickoff_async()
     return str(result.raw)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from common import ANSWER, QUESTION, Endpoint, call, called, get_weather, react, tool_names
+from common import ANSWER, Endpoint, call, called, get_weather, question, react, rollout_of, tool_names
 
 NAME = "deepagents (parallel sub-agents)"
 PACKAGES = ["deepagents"]
@@ -19,8 +19,9 @@ def script(body: dict) -> str:
         return react(body)
     if called(body, "task"):
         return ANSWER
+    marker = rollout_of(body)  # the sub-agents' requests carry the rollout they belong to
     tasks = [
-        call("task", {"description": f"The weather in {city}.", "subagent_type": "weather"})
+        call("task", {"description": f"The weather in {city}? {marker}", "subagent_type": "weather"})
         for city in ("Oslo", "Bergen")
     ]
     return "\n".join(tasks)
@@ -42,5 +43,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     agent = create_deep_agent(
         model=llm, tools=[], system_prompt="Delegate weather questions.", subagents=[weather]
     )
-    state = await agent.ainvoke({"messages": [{"role": "user", "content": QUESTION}]})
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": question(k)}]})
     return state["messages"][-1].content

@@ -3,7 +3,7 @@ new prompt holding the trajectory so far as text, so no call continues another."
 
 from __future__ import annotations
 
-from common import ANSWER, QUESTION, Endpoint, turns
+from common import ANSWER, Endpoint, question, turns
 
 NAME = "DSPy (ReAct)"
 PACKAGES = ["dspy", "litellm"]
@@ -43,4 +43,4 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     )
     agent = dspy.ReAct("question -> answer", tools=[get_weather])
     with dspy.context(lm=lm):
-        return (await agent.acall(question=QUESTION)).answer
+        return (await agent.acall(question=question(k))).answer

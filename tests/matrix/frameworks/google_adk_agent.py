@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "Google ADK"
 PACKAGES = ["google-adk", "litellm"]
@@ -26,7 +26,7 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     )
     runner = InMemoryRunner(agent=agent, app_name="matrix")
     session = await runner.session_service.create_session(app_name="matrix", user_id="user")
-    message = types.Content(role="user", parts=[types.Part(text=QUESTION)])
+    message = types.Content(role="user", parts=[types.Part(text=question(k))])
     answer = ""
     config = RunConfig(streaming_mode=StreamingMode.SSE)
     async for event in runner.run_async(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "LangChain v1 create_agent"
 PACKAGES = ["langchain", "langchain-openai"]
@@ -21,5 +21,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         model=endpoint.model, base_url=endpoint.base_url, api_key=endpoint.api_key, streaming=True
     )
     agent = create_agent(llm, tools=[get_weather], system_prompt="You answer weather questions.")
-    state = await agent.ainvoke({"messages": [{"role": "user", "content": QUESTION}]})
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": question(k)}]})
     return state["messages"][-1].content

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common import QUESTION, Endpoint, react
+from common import Endpoint, question, react
 
 NAME = "LangGraph + MCP tools (langchain-mcp-adapters)"
 PACKAGES = ["langchain-mcp-adapters", "mcp"]
@@ -34,5 +34,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         model=endpoint.model, base_url=endpoint.base_url, api_key=endpoint.api_key, streaming=True
     )
     agent = create_agent(llm, tools=tools, system_prompt="Look things up in the notes.")
-    state = await agent.ainvoke({"messages": [{"role": "user", "content": QUESTION}]})
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": question(k)}]})
     return state["messages"][-1].content

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import ANSWER, QUESTION, Endpoint, call, called, get_weather, react, tool_names
+from common import ANSWER, Endpoint, call, called, get_weather, question, react, tool_names
 
 NAME = "LangGraph supervisor (named agents)"
 PACKAGES = ["langgraph-supervisor", "langgraph"]
@@ -34,5 +34,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     supervisor = create_supervisor(
         [worker], model=llm, prompt="Send weather questions to weather_expert."
     ).compile()
-    state = await supervisor.ainvoke({"messages": [{"role": "user", "content": QUESTION}]})
+    state = await supervisor.ainvoke({"messages": [{"role": "user", "content": question(k)}]})
     return state["messages"][-1].content

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, call, get_weather, react, tool_names
+from common import Endpoint, call, get_weather, question, react, tool_names
 
 NAME = "LangGraph swarm (handoffs)"
 PACKAGES = ["langgraph-swarm", "langgraph"]
@@ -31,5 +31,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         llm, tools=[get_weather], name="weather_expert", system_prompt="Answer weather questions."
     )
     swarm = create_swarm([triage, expert], default_active_agent="triage").compile()
-    state = await swarm.ainvoke({"messages": [{"role": "user", "content": QUESTION}]})
+    state = await swarm.ainvoke({"messages": [{"role": "user", "content": question(k)}]})
     return state["messages"][-1].content

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "LlamaIndex (FunctionAgent)"
 PACKAGES = ["llama-index-core", "llama-index-llms-openai-like"]
@@ -22,4 +22,4 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         is_function_calling_model=True, context_window=8192,
     )  # fmt: skip
     agent = FunctionAgent(tools=[get_weather], llm=llm, system_prompt="You answer weather questions.")
-    return str(await agent.run(QUESTION))
+    return str(await agent.run(question(k)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "OpenAI Agents SDK (chat model)"
 PACKAGES = ["openai-agents"]
@@ -27,7 +27,7 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
         model=model,
         tools=[function_tool(get_weather)],
     )
-    result = Runner.run_streamed(agent, QUESTION)
+    result = Runner.run_streamed(agent, question(k))
     async for _ in result.stream_events():
         pass
     return result.final_output

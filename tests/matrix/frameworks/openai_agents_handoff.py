@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, call, get_weather, react, tool_names
+from common import Endpoint, call, get_weather, question, react, tool_names
 
 NAME = "OpenAI Agents SDK (Responses model, handoff)"
 PACKAGES = ["openai-agents"]
@@ -36,7 +36,7 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     triage = Agent(
         name="triage", instructions="Hand weather questions to weather.", model=model, handoffs=[weather]
     )
-    result = Runner.run_streamed(triage, QUESTION)
+    result = Runner.run_streamed(triage, question(k))
     async for _ in result.stream_events():
         pass
     return result.final_output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "OpenAI SDK (plain tool loop)"
 PACKAGES = ["openai"]
@@ -34,7 +34,7 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     import openai
 
     client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
-    messages: list = [{"role": "user", "content": QUESTION}]
+    messages: list = [{"role": "user", "content": question(k)}]
     first = (
         await client.chat.completions.create(model=endpoint.model, messages=messages, tools=TOOLS)
     ).choices[0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import QUESTION, Endpoint, get_weather, react
+from common import Endpoint, get_weather, question, react
 
 NAME = "pydantic-ai"
 PACKAGES = ["pydantic-ai-slim"]
@@ -20,5 +20,5 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
 
     provider = OpenAIProvider(base_url=endpoint.base_url, api_key=endpoint.api_key)
     agent = Agent(OpenAIChatModel(endpoint.model, provider=provider), tools=[get_weather])
-    async with agent.run_stream(QUESTION) as result:
+    async with agent.run_stream(question(k)) as result:
         return await result.get_output()

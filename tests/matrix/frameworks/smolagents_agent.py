@@ -3,7 +3,7 @@ tool. It re-renders tool calls and observations as text between steps, so each s
 
 from __future__ import annotations
 
-from common import ANSWER, QUESTION, Endpoint, call, called, turns
+from common import ANSWER, Endpoint, call, called, question, turns
 
 NAME = "smolagents (ToolCallingAgent)"
 PACKAGES = ["smolagents"]
@@ -42,4 +42,4 @@ async def rollout(endpoint: Endpoint, k: int) -> str:
     agent = ToolCallingAgent(
         tools=[get_weather], model=model, max_steps=3, stream_outputs=True, verbosity_level=0
     )
-    return str(await asyncio.to_thread(agent.run, QUESTION))
+    return str(await asyncio.to_thread(agent.run, question(k)))
