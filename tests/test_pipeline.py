@@ -215,6 +215,25 @@ async def test_a_killed_run_resumes_where_its_last_step_left_it(
     assert min(resumed) == offset  # no scenario trained twice, none before the offset re-run
 
 
+async def test_a_step_whose_checkpoint_outlived_its_log_row_is_marked_lost_on_resume(
+    setup: tuple[TimedBackend, art.TrainableModel],
+) -> None:
+    """Killed after a step's checkpoint was saved but before its history row was written: the resumed run writes
+    that step's row, saying its metrics were lost, so history has every step the checkpoints have."""
+    from art_adapters.training.checkpoints import read_history
+
+    backend, model = setup
+    config = PipelineConfig(rollout_workers=2, groups_per_step=2, max_steps_off_policy=0, max_steps=2)
+    await train_async(model, Rollouts(backend), range(1000), pipeline=config)
+    backend.step += 1  # step 3's checkpoint exists; its run died before logging it
+    await train_async(
+        model, Rollouts(backend), range(1000), pipeline=config.model_copy(update={"max_steps": 1})
+    )
+    rows = [r for r in read_history(backend.path / "pipe" / "models" / "agent") if r.get("split") == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r.get("train/metrics_lost_in_crash") for r in rows] == [None, None, 1.0, None]
+
+
 async def test_art_pipeline_trainer_drives_the_same_loop(
     setup: tuple[TimedBackend, art.TrainableModel], tmp_path: Path
 ) -> None:

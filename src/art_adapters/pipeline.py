@@ -135,6 +135,9 @@ class Pipeline(Generic[S]):
         # resume: skip the scenarios earlier runs consumed up to the step the backend holds (noted before that step
         # trained, so a run killed between its checkpoint and its log resumes exactly there)
         offset = (state.get("offsets") or {}).get(str(start), state.get("scenario_offset", 0))
+        logged = int(state.get("training_step", start))
+        for lost in range(logged + 1, start + 1):  # its checkpoint was saved, its row never written: say so
+            await self.model.log(None, split="train", step=lost, metrics={"metrics_lost_in_crash": 1.0})
         for _ in range(int(offset or 0)):
             if await anext(self.scenarios, None) is None:
                 break
