@@ -232,6 +232,16 @@ async def test_a_step_whose_checkpoint_outlived_its_log_row_is_marked_lost_on_re
     rows = [r for r in read_history(backend.path / "pipe" / "models" / "agent") if r.get("split") == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r.get("train/metrics_lost_in_crash") for r in rows] == [None, None, 1.0, None]
+    # killed after step 5's row was written but before the state said so: no second row for it
+    await train_async(
+        model, Rollouts(backend), range(1000), pipeline=config.model_copy(update={"max_steps": 1})
+    )
+    model.merge_state({"_pipeline_trainer": {"training_step": 4}})
+    await train_async(
+        model, Rollouts(backend), range(1000), pipeline=config.model_copy(update={"max_steps": 1})
+    )
+    rows = [r for r in read_history(backend.path / "pipe" / "models" / "agent") if r.get("split") == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
 
 
 async def test_art_pipeline_trainer_drives_the_same_loop(

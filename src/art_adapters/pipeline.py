@@ -135,7 +135,7 @@ class Pipeline(Generic[S]):
         # resume: skip the scenarios earlier runs consumed up to the step the backend holds (noted before that step
         # trained, so a run killed between its checkpoint and its log resumes exactly there)
         offset = (state.get("offsets") or {}).get(str(start), state.get("scenario_offset", 0))
-        logged = int(state.get("training_step", start))
+        logged = max(int(state.get("training_step", start)), self._last_logged_step())
         for lost in range(logged + 1, start + 1):  # its checkpoint was saved, its row never written: say so
             await self.model.log(None, split="train", step=lost, metrics={"metrics_lost_in_crash": 1.0})
         for _ in range(int(offset or 0)):
@@ -153,6 +153,13 @@ class Pipeline(Generic[S]):
         if self._failure is not None:
             raise self._failure
         return self.reports
+
+    def _last_logged_step(self) -> int:
+        """The newest train row in the model's local history (a run can die between its log and its state)."""
+        from .training.checkpoints import model_dir, read_history
+
+        directory = model_dir(self.model.project, self.model.name, self.model.base_path)
+        return max((int(r["step"]) for r in read_history(directory) if r.get("split") == "train"), default=-1)
 
     def stop(self) -> None:
         """Finish the step under way, then end the run (rollouts in flight are cancelled)."""
