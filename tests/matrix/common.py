@@ -18,8 +18,8 @@ def question(k: int) -> str:
 
 def rollout_of(body: dict[str, Any]) -> str:
     """The marker of the rollout a request belongs to (for scripts that pass it on, e.g. to a sub-agent)."""
-    found = re.search(r"\(rollout \d+\)", json.dumps(body))
-    return found.group(0) if found else ""
+    found = re.search(r"rollout (\d+)", json.dumps(body))
+    return f"(rollout {found.group(1)})" if found else ""
 
 
 WEATHER = "3C, rain"
