@@ -164,6 +164,8 @@ class RecordingEndpoint:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            timeout_keep_alive=75,  # outlives clients' idle pooled connections (openai's: 30 s), as the gateway's
+            timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
 
