@@ -123,9 +123,8 @@ def _from_metadata(
     node = metadata.get("langgraph_node")
     namespace = metadata.get("checkpoint_ns", metadata.get("langgraph_checkpoint_ns"))
     role = metadata.get("role")
-    agent = metadata.get(
-        "lc_agent_name"
-    )  # LangChain v1's create_agent(name=...): supervisors' and swarms' workers
+    # LangChain v1's create_agent(name=...) names its runs: supervisors' and swarms' workers
+    agent = metadata.get("lc_agent_name")
     return CallSource(
         framework="langgraph" if node is not None else "langchain",
         agent=agent if isinstance(agent, str) and agent else None,
