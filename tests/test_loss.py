@@ -1,4 +1,5 @@
-"""The GRPO-family loss: REINFORCE at ratio 1, PPO/DAPO clipping, GSPO sequence ratios, CISPO weights."""
+"""The GRPO-family loss: REINFORCE at weight 1, PPO/DAPO clipping against the proximal policy, GSPO sequence ratios,
+CISPO weights, and one truncated behaviour weight for every token, fresh or stale."""
 
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ def test_ppo_clipping_zeroes_the_gradient_only_on_the_clipped_side() -> None:
     new = torch.zeros(4, dtype=torch.float64, requires_grad=True)
     log_r = torch.tensor([math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5)], dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
-    loss, sums = policy_loss(new, -log_r, adv, torch.arange(4), TrainConfig(epsilon=0.2), StepTotals(4, 4))
+    prox = -log_r  # a proximal policy other than this pass: the ratio new/prox is what the clip bounds
+    loss, sums = policy_loss(
+        new, prox, adv, torch.arange(4), TrainConfig(epsilon=0.2), StepTotals(4, 4), proximal_logprobs=prox
+    )
     g = grad_of(loss, new)
     # r=1.5, A>0: clipped (no push further up); r=1.5, A<0: pulled down; r=0.5, A>0: pushed up; r=0.5, A<0 clipped.
     assert g[0] == 0 and g[3] == 0
@@ -72,9 +76,17 @@ def test_dapo_clip_higher_widens_only_the_upper_range() -> None:
     new = torch.zeros(2, dtype=torch.float64, requires_grad=True)
     old = -torch.tensor([math.log(1.25), math.log(0.75)], dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    symmetric, _ = policy_loss(new, old, adv, torch.arange(2), TrainConfig(epsilon=0.2), StepTotals(2, 2))
+    symmetric, _ = policy_loss(
+        new, old, adv, torch.arange(2), TrainConfig(epsilon=0.2), StepTotals(2, 2), proximal_logprobs=old
+    )
     dapo, sums = policy_loss(
-        new, old, adv, torch.arange(2), TrainConfig(epsilon=0.2, epsilon_high=0.28), StepTotals(2, 2)
+        new,
+        old,
+        adv,
+        torch.arange(2),
+        TrainConfig(epsilon=0.2, epsilon_high=0.28),
+        StepTotals(2, 2),
+        proximal_logprobs=old,
     )
     assert grad_of(symmetric, new).tolist() == [0.0, 0.0]  # 1.25 > 1.2 and 0.75 < 0.8: both clipped
     g = grad_of(dapo, new)
@@ -87,11 +99,8 @@ def test_gspo_uses_the_sequence_geometric_mean_ratio() -> None:
     log_r = torch.tensor([0.1, -0.1, 0.3, 0.5, 0.5], dtype=torch.float64)  # seq 0 mean 0.1, seq 1 mean 0.5
     adv = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     index = torch.tensor([0, 0, 0, 1, 1])
-    # the published GSPO: its ratio against the sampler (TIS off)
-    config = TrainConfig(
-        loss="gspo", epsilon=0.2, normalization="sequence", truncated_importance_sampling=None
-    )
-    loss, sums = policy_loss(new, -log_r, adv, index, config, StepTotals(5, 2))
+    config = TrainConfig(loss="gspo", epsilon=0.2, normalization="sequence")
+    loss, sums = policy_loss(new, -log_r, adv, index, config, StepTotals(5, 2), proximal_logprobs=-log_r)
     g = grad_of(loss, new)
     s0 = math.exp(0.1)
     assert g[:3].tolist() == pytest.approx([-s0 / 3 / 2] * 3)  # every token weighted by the sequence ratio
@@ -99,24 +108,17 @@ def test_gspo_uses_the_sequence_geometric_mean_ratio() -> None:
     assert sums["clipped"] == 2 and sums["ratio"] == pytest.approx(3 * s0 + 2 * math.exp(0.5))
 
 
-def test_gspo_by_default_is_not_eaten_by_the_samplers_bf16_gap() -> None:
-    """Sequence gaps the size measured on an H200 in bf16 (mean |gap| 8e-3 for a 0.5B-shaped model, bench/gpu_check.py):
-    with the published clip 3e-4 / 4e-4 against the sampler, every sequence's tokens are clipped before any update;
-    the default (ratio against the pre-step policy, the gap a capped weight) trains them all, weighted by the gap."""
+def test_gspo_is_not_eaten_by_the_samplers_bf16_gap() -> None:
+    """Sequence gaps the size measured on an H200 in bf16 (mean |gap| 8e-3 for a 0.5B-shaped model, bench/gpu_check.py)
+    would put every sequence outside GSPO's published clip 3e-4 / 4e-4 if the ratio were taken against the sampler;
+    against the pre-step policy, the gap is a capped weight and every token trains, weighted by it."""
     gaps = torch.tensor([0.008, 0.008, -0.008, -0.008], dtype=torch.float64)  # logp_trainer - logp_sampled
     adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
     index = torch.tensor([0, 0, 1, 1])
-    published = TrainConfig(loss="gspo", truncated_importance_sampling=None)
+    config = TrainConfig(loss="gspo")
+    assert config.epsilon == 3e-4 and config.clip_high == 4e-4
     new = torch.zeros(4, dtype=torch.float64, requires_grad=True)
-    loss, sums = policy_loss(new, -gaps, adv, index, published, StepTotals(4, 2))
-    assert sums["clipped"] == 4 and grad_of(loss, new).abs().max() == 0  # nothing trains
-    default = TrainConfig(loss="gspo")
-    assert (
-        default.truncated_importance_sampling == 2.0
-        and "truncated_importance_sampling" not in default.model_fields_set
-    )
-    new = torch.zeros(4, dtype=torch.float64, requires_grad=True)
-    loss, sums = policy_loss(new, -gaps, adv, index, default, StepTotals(4, 2))
+    loss, sums = policy_loss(new, -gaps, adv, index, config, StepTotals(4, 2))
     g = grad_of(loss, new)
     assert sums["clipped"] == 0
     assert g.tolist() == pytest.approx([-math.exp(0.008) / 4] * 2 + [math.exp(-0.008) / 4] * 2)
@@ -128,7 +130,7 @@ def test_cispo_keeps_gradients_of_clipped_tokens_with_a_clipped_weight() -> None
     old = -torch.tensor([math.log(r) for r in ratios], dtype=torch.float64)
     adv = torch.ones(3, dtype=torch.float64)
     config = TrainConfig(loss="cispo", epsilon=0.2)  # epsilon_high defaults to 4.0 for cispo
-    loss, sums = policy_loss(new, old, adv, torch.arange(3), config, StepTotals(3, 3))
+    loss, sums = policy_loss(new, old, adv, torch.arange(3), config, StepTotals(3, 3), proximal_logprobs=old)
     assert grad_of(loss, new).tolist() == pytest.approx([-3.0 / 3, -5.0 / 3, -0.8 / 3])
     assert sums["clipped"] == 2
 
@@ -177,7 +179,7 @@ def test_a_trajectory_split_into_rows_counts_once_for_sequence_normalization_and
     adv = torch.ones(6, dtype=torch.float64)
     unit = torch.tensor([0, 0, 0, 0, 1, 1])  # trajectory 0 has 4 tokens (two rows of 2), trajectory 1 has 2
     config = TrainConfig(loss="gspo", normalization="sequence", epsilon=0.5)
-    loss, _ = policy_loss(new, -log_r, adv, unit, config, StepTotals(6, 2))
+    loss, _ = policy_loss(new, -log_r, adv, unit, config, StepTotals(6, 2), proximal_logprobs=-log_r)
     g = grad_of(loss, new)
     assert g[:4].tolist() == pytest.approx([-math.exp(0.1) / 4 / 2] * 4)  # one mean over all 4 tokens
     assert g[4:].tolist() == pytest.approx([-math.exp(0.3) / 2 / 2] * 2)
@@ -193,33 +195,46 @@ def test_truncated_importance_sampling_caps_the_sampler_weight() -> None:
     loss, sums = policy_loss(new, sampled, adv, torch.tensor([0, 1]), config, StepTotals(2, 2))
     g = grad_of(loss, new)
     assert g.tolist() == pytest.approx([-2.0 / 2, -1.0 / 2])  # weight min(e^3, 2) = 2; unknown: weight 1
-    assert sums["clipped"] == 0
+    assert sums["clipped"] == 0 and sums["truncated"] == 1
+
+
+def test_one_cap_under_two_names() -> None:
+    """TIS and the async correction are one setting: either name sets it, both must agree, None is ART's unset."""
+    assert TrainConfig(off_policy_cap=3.0).truncated_importance_sampling == 3.0
+    assert TrainConfig(truncated_importance_sampling=3.0).off_policy_cap == 3.0
+    assert TrainConfig(truncated_importance_sampling=None).truncated_importance_sampling == 2.0
+    assert TrainConfig(off_policy_cap=3.0, truncated_importance_sampling=3.0).off_policy_cap == 3.0
+    with pytest.raises(ValueError, match="one setting"):
+        TrainConfig(off_policy_cap=3.0, truncated_importance_sampling=4.0)
 
 
 @pytest.mark.parametrize("variant", ["grpo", "gspo", "cispo"])
-def test_fresh_tokens_get_the_synchronous_loss_and_stale_ones_the_decoupled_correction(variant: str) -> None:
-    """Async training: at zero staleness the loss (value and gradient) is exactly the synchronous one, bit for bit;
-    a token an older policy sampled is weighted by the truncated behaviour ratio against the pre-step policy,
-    and never clipped away by the gap to the policy that sampled it."""
+def test_fresh_and_stale_tokens_get_one_loss(variant: str) -> None:
+    """Async training: the loss is the same formula whatever version sampled a token, so a step on fresh rollouts
+    is the synchronous step bit for bit; a token's correction depends on its sampler gap alone, capped."""
     lengths = [4, 4]
     new, adv, index = batch(lengths, seed=3)
     gen = torch.Generator().manual_seed(7)
     sampled = new.detach() + torch.randn(8, generator=gen, dtype=torch.float64) * 0.8  # far from the trainer
     config, totals = TrainConfig(loss=variant, off_policy_cap=2.0), StepTotals(8, 2)
-    sync, sync_sums = policy_loss(new, sampled, adv, index, config, totals)
-    fresh, fresh_sums = policy_loss(new, sampled, adv, index, config, totals, staleness=torch.zeros(8))
+    sync, _ = policy_loss(new, sampled, adv, index, config, totals)
     sync_grad = grad_of(sync, new)
-    assert torch.equal(sync, fresh) and torch.equal(sync_grad, grad_of(fresh, new))
-    assert fresh_sums["stale"] == 0
+    for staleness in (torch.zeros(8), torch.tensor([0, 0, 0, 0, 2, 2, 2, 2], dtype=torch.float64)):
+        loss, sums = policy_loss(new, sampled, adv, index, config, totals, staleness=staleness)
+        assert torch.equal(loss, sync) and torch.equal(grad_of(loss, new), sync_grad)
+        assert sums["stale"] == float((staleness > 0).sum()) and sums["staleness"] == float(staleness.sum())
+    weight = torch.clamp(torch.exp(new.detach() - sampled), max=2.0)
+    per = 4 * 2 if variant == "gspo" else 8  # sequence normalization for gspo
+    assert torch.allclose(sync_grad, -adv * weight / per, atol=1e-12)
 
-    staleness = torch.tensor([0, 0, 0, 0, 2, 2, 2, 2], dtype=torch.float64)
-    loss, sums = policy_loss(new, sampled, adv, index, config, totals, staleness=staleness)
-    assert sums["stale"] == 4 and sums["staleness"] == 8
-    grad = grad_of(loss, new)
-    assert torch.equal(grad[:4], sync_grad[:4])  # the fresh trajectory is untouched
-    weight = torch.clamp(torch.exp(new.detach() - sampled), max=2.0)[4:]
-    if variant == "gspo":  # the stale trajectory's ratio is 1 in value, so its tokens are not clipped
-        expected = -adv[4:] * weight / (4 * 2)
-    else:
-        expected = -adv[4:] * weight / 8
-    assert torch.allclose(grad[4:], expected, atol=1e-12), (grad[4:], expected)
+
+def test_a_fresh_token_the_sampler_found_less_likely_still_trains() -> None:
+    """A fresh token with sampler ratio 1.5 and A > 0 is not clipped away (its gap is a weight, as a stale one's)."""
+    new = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    sampled = torch.full((2,), -math.log(1.5), dtype=torch.float64)
+    adv = torch.ones(2, dtype=torch.float64)
+    for staleness in (torch.zeros(2), torch.ones(2)):
+        loss, _ = policy_loss(
+            new, sampled, adv, torch.arange(2), TrainConfig(), StepTotals(2, 2), staleness=staleness
+        )
+        assert grad_of(loss, new).tolist() == pytest.approx([-1.5 / 2] * 2)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         TinkerNativeBackend,
         UnsupportedBackendError,
     )
+    from .pipeline_tuner import PipelineRuntimeConfig
     from .gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
     from .ray import gather_on_ray
     from .report import write_report
@@ -79,6 +80,7 @@ _LAZY = {
     "WandbLogger": ".tracing.wandb",
     "write_report": ".report",
     "RecordingEndpoint": ".capture.endpoint",
+    "PipelineRuntimeConfig": ".pipeline_tuner",
 }
 
 
@@ -108,6 +110,7 @@ __all__ = [
     "Messages",
     "MessagesAndChoices",
     "Model",
+    "PipelineRuntimeConfig",
     "PydanticException",
     "RemoteBackend",
     "RemoteBackendError",

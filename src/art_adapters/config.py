@@ -34,20 +34,13 @@ class TrainConfig(BaseModel):
         default=True, description="Divide advantages by the group std; False is Dr. GRPO."
     )
     normalization: Literal["token", "sequence"] = "token"
-    truncated_importance_sampling: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "TIS: take the ratio against the trainer's pre-step policy and weight each token by the sampler gap "
-            "min(exp(logp_pre - logp_sampled), C) (None: the ratio against the sampler; GSPO defaults to 2.0)."
-        ),
-    )
-    off_policy_cap: float = Field(
+    truncated_importance_sampling: float = Field(
         default=2.0,
         gt=0,
         description=(
-            "Async training: the truncation of the importance weight (pre-step policy / sampling policy) that "
-            "corrects tokens an older policy sampled (see training/loss.py)."
+            "The cap C of every token's behaviour weight min(pi_pre-step / pi_sampler, C): the one correction for "
+            "the sampler's numerics and for staleness in async training (see training/loss.py); off_policy_cap "
+            "is the same setting. None (ART's 'unset') means the default."
         ),
     )
     train_unkept_choices: bool = Field(
@@ -84,6 +77,30 @@ class TrainConfig(BaseModel):
     )
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_importance_cap(cls, data: object) -> object:
+        """`truncated_importance_sampling` (ART's name) and `off_policy_cap` are one setting: given both, they must
+        agree; None is ART's 'unset'."""
+        if not isinstance(data, dict):
+            return data
+        names = [n for n in ("truncated_importance_sampling", "off_policy_cap") if n in data]
+        values = {data[n] for n in names if data[n] is not None}
+        if len(values) > 1:
+            raise ValueError(
+                "truncated_importance_sampling and off_policy_cap are one setting (the behaviour weight's cap); "
+                f"got {sorted(values)}: give one"
+            )
+        data = {k: v for k, v in data.items() if k not in names}
+        if values:
+            data["truncated_importance_sampling"] = values.pop()
+        return data
+
+    @property
+    def off_policy_cap(self) -> float:
+        """The behaviour weight's cap (the same setting as `truncated_importance_sampling`)."""
+        return self.truncated_importance_sampling
+
     @model_validator(mode="after")
     def _loss_defaults(self) -> TrainConfig:
         """Each loss's published defaults where the fields are unset (they stay unset, so another loss chosen
@@ -98,7 +115,7 @@ class TrainConfig(BaseModel):
         if self.loss == "cispo":
             defaults = {"epsilon": 1.0, "epsilon_high": 4.0}
         elif self.loss == "gspo":
-            defaults = {"normalization": "sequence", "truncated_importance_sampling": 2.0}
+            defaults = {"normalization": "sequence"}
             if "epsilon" not in given:  # a given epsilon alone is a symmetric clip, as for GRPO
                 defaults.update(epsilon=3e-4, epsilon_high=4e-4)
         for key, value in defaults.items():

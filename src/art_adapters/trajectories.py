@@ -68,8 +68,10 @@ class Trajectory(BaseModel):
     additional_histories: list[History] = Field(default_factory=list)
     reward: float = 0.0
     rewards_by_role: dict[str, float] = Field(default_factory=dict)
-    initial_policy_version: int | None = None
-    final_policy_version: int | None = None
+    initial_policy_version: int | None = Field(
+        None, description="The oldest policy version that sampled it (the async pipeline stamps it when unset)."
+    )
+    final_policy_version: int | None = Field(None, description="The newest policy version that sampled it.")
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
@@ -165,12 +167,6 @@ class Trajectory(BaseModel):
                                 messages_and_choices=items, tools=tools, llm_calls=list(conversation.calls)
                             )
                         )
-        versions = [c.policy_version for c in self.llm_calls if c.policy_version is not None]
-        if versions:  # ART's record of the policies a rollout was sampled by
-            if self.initial_policy_version is None:
-                self.initial_policy_version = min(versions)
-            if self.final_policy_version is None:
-                self.final_policy_version = max(versions)
         self.end_time = self.end_time or time.time()
         self.metrics["duration"] = self.end_time - self.start_time
         return self

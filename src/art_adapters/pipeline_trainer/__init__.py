@@ -1,6 +1,8 @@
 """ART's `art.pipeline_trainer` face: `PipelineTrainer(model, backend, rollout_fn, scenarios, config, ...)` on our
-async loop (`art_adapters.pipeline`). ART's knobs map one to one; settings we cannot honour raise
-`UnsupportedARTSetting`, nothing is silently ignored (status-output knobs only shape ART's log lines)."""
+async loop (`art_adapters.pipeline`). ART main's `pipeline=PipelineRuntimeConfig(...)` and the older direct
+keywords (`num_rollout_workers=`, `min_batch_size=`, `max_steps_off_policy=`, ...) both map one to one; settings we
+cannot honour raise `UnsupportedARTSetting`, nothing is silently ignored (status-output knobs only shape ART's log
+lines and its `objective/score` metric, which we do not compute)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,11 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ..backend.base import Backend
 from ..compat import UnsupportedARTSetting, train_config
 from ..model import TrainableModel
 from ..pipeline import Pipeline, PipelineConfig
+from ..pipeline_tuner import PipelineRuntimeConfig
 from ..trajectories import Trajectory, TrajectoryGroup
 
 ScenarioT = TypeVar("ScenarioT")
@@ -22,17 +23,7 @@ ConfigT = TypeVar("ConfigT")
 RolloutFn = Callable[[TrainableModel, Any, Any], Awaitable[TrajectoryGroup]]
 SingleRolloutFn = Callable[[TrainableModel, Any, Any], Awaitable[Trajectory]]
 EvalFn = Callable[[TrainableModel, int, Any], Awaitable[Any]]
-
-
-class PipelineRuntimeConfig(BaseModel):
-    """ART's pipeline runtime settings (`pipeline=PipelineRuntimeConfig(...)`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_rollout_workers: int = Field(16, ge=1)
-    min_batch_size: int = Field(4, ge=1)
-    max_batch_size: int | None = Field(None, ge=1)
-    queue_maxsize: int | None = Field(None, ge=1)
+_UNSET: Any = object()
 
 
 def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> RolloutFn:
@@ -65,7 +56,8 @@ _DEFAULT_ONLY: dict[str, Any] = {
 }
 # Knobs of ART's status lines (how often, how smoothed): our log is one line per step.
 _STATUS_ONLY = {"log_interval_seconds", "status_ewa_alpha", "total_scenarios", "checkpoint_retention_interval",
-                "optimizer_save_interval"}  # fmt: skip
+                "optimizer_save_interval", "score_reference_groups_per_step",
+                "score_reference_rollouts_per_group"}  # fmt: skip
 
 
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
@@ -81,11 +73,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         config: Any,
         eval_fn: EvalFn | None = None,
         *,
+        pipeline: PipelineRuntimeConfig | None = None,
         num_rollout_workers: int | None = None,
         min_batch_size: int | None = None,
         max_batch_size: int | None = None,
         queue_maxsize: int | None = None,
-        pipeline: PipelineRuntimeConfig | None = None,
+        max_steps_off_policy: int | None = _UNSET,
         learning_rate: float = 1e-5,
         loss_fn: str = "cispo",
         normalize_advantages: bool = True,
@@ -93,7 +86,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         kl_penalty_coef: float = 0.0,
         max_steps: int | None = None,
         discard_queue_multiplier: int = 100,
-        max_steps_off_policy: int | None = 4,
         eval_every_n_steps: int = 20,
         eval_at_start: bool = True,
         resume: bool = True,
@@ -109,22 +101,22 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     f"PipelineTrainer: ART's {key}={value!r} is not supported by art-adapters (only "
                     f"{_DEFAULT_ONLY[key]!r}); see README 'Porting from ART'"
                 )
-        aliases = {
-            "num_rollout_workers": num_rollout_workers,
-            "min_batch_size": min_batch_size,
-            "max_batch_size": max_batch_size,
-            "queue_maxsize": queue_maxsize,
-        }
-        given = {k: v for k, v in aliases.items() if v is not None}
-        if pipeline is not None and given:
-            raise ValueError(
-                "Use either pipeline=PipelineRuntimeConfig(...) or the direct settings, not both."
-            )
-        runtime = pipeline or PipelineRuntimeConfig(**given)
-        if max_steps_off_policy is None:
+        runtime = _runtime(
+            pipeline,
+            {
+                "num_rollout_workers": num_rollout_workers,
+                "min_batch_size": min_batch_size,
+                "max_batch_size": max_batch_size,
+                "queue_maxsize": queue_maxsize,
+                "max_steps_off_policy": max_steps_off_policy,
+            },
+        )
+        if runtime.max_steps_off_policy is None:
             raise UnsupportedARTSetting(
-                "PipelineTrainer: max_steps_off_policy=None (unbounded) is not supported"
+                "PipelineTrainer: max_steps_off_policy=None (unbounded) is not supported: give a bound"
             )
+        if discard_queue_multiplier <= 0:
+            raise ValueError("discard_queue_multiplier must be > 0")
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
@@ -134,6 +126,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.eval_every_n_steps = eval_every_n_steps
         self.eval_at_start = eval_at_start
         self.resume = resume
+        self.runtime = runtime
         knobs: dict[str, Any] = {"learning_rate": learning_rate, "loss_fn": loss_fn}
         if not normalize_advantages:
             knobs["normalize_advantages"] = False
@@ -145,11 +138,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.pipeline_config = PipelineConfig(
             rollout_workers=runtime.num_rollout_workers,
             groups_per_step=runtime.min_batch_size,
-            max_groups_per_step=runtime.max_batch_size or 10 * runtime.min_batch_size,
-            max_steps_off_policy=max_steps_off_policy,
+            max_groups_per_step=runtime.max_batch_size or runtime.min_batch_size,
+            max_steps_off_policy=runtime.max_steps_off_policy,
             queue_size=runtime.queue_maxsize,
             max_steps=max_steps,
             eval_every_n_steps=eval_every_n_steps if eval_fn is not None else 0,
+            eval_at_start=eval_at_start and eval_fn is not None,
             max_zero_variance_groups=discard_queue_multiplier * runtime.min_batch_size,
         )
         self._pipeline: Pipeline[Any] | None = None
@@ -164,7 +158,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
         async def evaluate(model: TrainableModel, step: int) -> Any:
             assert self.eval_fn is not None
-            return _groups(await self.eval_fn(model, step, self.config))
+            return await self.eval_fn(model, step, self.config)
 
         self._pipeline = Pipeline(
             self.model,
@@ -175,11 +169,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             eval_fn=evaluate if self.eval_fn is not None else None,
             resume=self.resume,
         )
-        if self.eval_fn is not None and self.eval_at_start:
-            step = await self.model.get_step()
-            evaluated = await evaluate(self.model, step)
-            if evaluated:
-                await self.model.log(evaluated, split="val", step=step)
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         if handle_signals:
@@ -202,18 +191,22 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     @property
     def state(self) -> Pipeline[Any] | None:
-        """The running pipeline (its counters: discarded_stale_groups, scenario_offset, ...)."""
+        """The running pipeline (its counters: `state.state.discarded_stale_groups`, `scenario_offset`, ...)."""
         return self._pipeline
 
 
-def _groups(result: Any) -> list[TrajectoryGroup]:
-    """ART's eval results (trajectories, groups, or {split: ...}) as groups for `model.log`."""
-    if isinstance(result, dict):
-        result = [item for items in result.values() for item in items]
-    items = list(result or [])
-    groups = [i for i in items if isinstance(i, TrajectoryGroup)]
-    loose = [i for i in items if isinstance(i, Trajectory)]
-    return groups + ([TrajectoryGroup(loose)] if loose else [])
+def _runtime(pipeline: PipelineRuntimeConfig | None, direct: dict[str, Any]) -> PipelineRuntimeConfig:
+    """ART main's `pipeline=` or the older direct keywords (not both)."""
+    given = {k: v for k, v in direct.items() if v is not None and v is not _UNSET}
+    if direct["max_steps_off_policy"] is None:
+        given["max_steps_off_policy"] = None  # asked for explicitly: refused below, by name
+    if pipeline is not None:
+        if given:
+            raise ValueError(
+                f"Use either pipeline=PipelineRuntimeConfig(...) or the direct settings {sorted(given)}, not both."
+            )
+        return pipeline
+    return PipelineRuntimeConfig(**given)
 
 
 __all__ = [

@@ -1,27 +1,30 @@
-"""Group advantages and the clipped, importance-weighted policy-gradient loss (GRPO family), top to bottom.
+"""Group advantages and the policy-gradient loss of one step (the GRPO family), read top to bottom.
 
-Variants (r = exp(logp_new - logp_sampled) per trained token, A = the token's group advantage: its trajectory's,
-or with per-role rewards (`trajectory.rewards_by_role`) its role's, computed among the group's rewards for that
-role, a trajectory without one counting its overall reward; see `role_advantages`):
-  grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) per token (PPO clip; epsilon_high > epsilon is DAPO).
-  gspo:   the same, but r is the trajectory's ratio exp(mean over its trained tokens of logp_new - logp_old);
-          defaults as published: clip 3e-4 / 4e-4, sequence normalization; and tis (below) by default, since a
-          bf16 sampler's gap to the trainer alone exceeds 3e-4 for most sequences (bench/gpu_check.py).
-  cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new; by default no lower clip (epsilon 1), upper 4.
-  tis:    with truncated_importance_sampling=C the ratio is taken against the trainer's own pre-step policy
-          (r = 1 in value) and each token weighted by min(exp(logp_pre - logp_sampled), C) (Yao et al. 2025).
-  stale:  a token sampled by an older policy (async training: staleness = trainer step - the version that sampled
-          it) gets decoupled PPO (Hilton et al. 2021, as AReaL): its ratio is clipped against the pre-step policy
-          and the behaviour gap becomes the truncated weight min(exp(logp_pre - logp_sampled), off_policy_cap),
-          the tis formula; tokens of the current policy (staleness 0, or unknown) get the plain loss, so a step
-          on fresh rollouts is exactly the synchronous step.
+One decoupled form for every trained token (Hilton et al. 2021, "Batch size-invariance for policy optimization",
+as AReaL trains asynchronously), whichever policy version sampled it:
+  w = min(exp(logp_prox - logp_sampled), truncated_importance_sampling)   behaviour weight, no gradient (TIS)
+  r = exp(logp_new - logp_prox)                                           proximal ratio (GSPO: the trajectory's)
+  grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) * w   (PPO clip; epsilon_high > epsilon is DAPO)
+  gspo:   the same with r = exp(mean of the trajectory's log-ratios); clip 3e-4 / 4e-4, sequence normalization
+  cispo:  -sg(clip(r, 1-epsilon, 1+epsilon_high)) * A * logp_new * w   (no lower clip, upper 4, by default)
   beta:   + beta * k3 per token, k3 = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1 (ref = adapter off).
-  token:      normalization sums the step's per-token losses and divides by the step's trained tokens.
-  sequence:   normalization averages each trajectory's tokens, then averages over the step's trajectories.
-A "sequence" is the whole trajectory even when its template rewrote history and it trains as several token rows.
-Tokens whose sampled logprob is unknown or not of a distribution the trainer reproduces (top_p, guided decoding,
-penalties, greedy; see tokenize.excluded_reason) carry NaN and are trained on-policy: ratio 1, weight 1.
-Both normalizations use step totals, so splitting a step into micro-batches leaves the gradient unchanged.
+A is the token's group advantage: its trajectory's, or with per-role rewards (`trajectory.rewards_by_role`) its
+role's among the group's rewards for that role (see `role_advantages`). logp_prox is the trainer's policy before
+this step, logp_sampled what the engine sampled with: a token of the current version (synchronous training,
+where only the sampler's numerics differ) and one sampled k versions ago get the same formula, so a step on fresh
+rollouts is the synchronous step exactly, and `staleness` changes only the metrics.
+
+Simplifications, and why:
+  1. One optimizer update per step: logp_prox is this forward pass, detached, so r = 1 in value and the clip
+     bounds nothing; w carries every correction (sampler numerics and staleness alike). The clip acts for a caller
+     that passes another proximal policy (`proximal_logprobs`), and the variants differ only in normalization then.
+  2. w is truncated above, never clipped below, and is 1 where the sampled logprob is unknown or of a distribution
+     the trainer does not reproduce (NaN: top_p, guided decoding, penalties, greedy; see tokenize.excluded_reason).
+  3. No value function and no KL in the reward: advantages are group-relative, the KL is a loss term.
+Normalization: "token" sums the step's per-token losses and divides by the step's trained tokens; "sequence"
+averages each trajectory's tokens, then averages over the step's trajectories (a trajectory whose template rewrote
+history and trains as several rows is still one). Both use step totals, so splitting a step into micro-batches
+leaves its gradient unchanged.
 """
 
 from __future__ import annotations
@@ -90,36 +93,29 @@ def policy_loss(
     totals: StepTotals,
     ref_logprobs: torch.Tensor | None = None,
     staleness: torch.Tensor | None = None,
+    proximal_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch's trained tokens (1-D tensors, one entry per trained token).
 
     `sequence_index[t]` numbers the token's trajectory inside the micro-batch (0..n-1; a trajectory is never split
-    across micro-batches). NaN sampled logprobs (none returned, or excluded) count as on-policy (ratio 1).
-    `staleness[t]`: steps between the trainer and the policy that sampled the token (None: all current).
+    across micro-batches). NaN sampled logprobs (none returned, or excluded) get behaviour weight 1.
+    `staleness[t]`: steps between the trainer and the policy that sampled the token (metrics only).
+    `proximal_logprobs`: the policy the ratio is clipped against (default: this forward pass, detached).
     Returns the loss to backpropagate and sums for the step's metrics (divide by `tokens`).
     """
-    # 1. Log-ratio against the sampling policy, per token.
-    old = torch.where(torch.isnan(sampled_logprobs), new_logprobs.detach(), sampled_logprobs)
-    log_ratio = new_logprobs - old
+    # 1. The behaviour weight: how much likelier the pre-step policy finds the token than its sampler, truncated.
+    proximal = new_logprobs.detach() if proximal_logprobs is None else proximal_logprobs
+    sampled = torch.where(torch.isnan(sampled_logprobs), proximal, sampled_logprobs)
+    cap = config.truncated_importance_sampling
+    behaviour = torch.exp(proximal - sampled)
+    weight = torch.clamp(behaviour, max=cap)
+
+    # 2. The proximal ratio, per token or (GSPO) the trajectory's geometric mean with per-token gradients.
+    log_ratio = new_logprobs - proximal
     num_seqs = int(sequence_index.max().item()) + 1 if sequence_index.numel() else 0
     seq_tokens = torch.zeros(num_seqs, dtype=new_logprobs.dtype, device=new_logprobs.device)
     seq_tokens.index_add_(0, sequence_index, torch.ones_like(new_logprobs))
     tokens_of_seq = seq_tokens[sequence_index]
-
-    # 2. The importance ratio: per token, or (GSPO) the trajectory's geometric mean, with per-token gradient; with
-    #    TIS (every token) or for stale tokens (async), against the trainer's pre-step policy, the sampler's
-    #    mismatch becomes a capped per-token weight.
-    tis = torch.ones_like(new_logprobs)
-    if config.truncated_importance_sampling is not None:
-        proximal, cap = torch.ones_like(new_logprobs, dtype=torch.bool), config.truncated_importance_sampling
-    else:
-        proximal, cap = torch.zeros_like(new_logprobs, dtype=torch.bool), config.off_policy_cap
-        if staleness is not None:
-            proximal = staleness > 0
-    if bool(proximal.any()):
-        weight = torch.clamp(torch.exp(new_logprobs.detach() - old), max=cap)
-        tis = torch.where(proximal, weight, tis)
-        log_ratio = torch.where(proximal, new_logprobs - new_logprobs.detach(), log_ratio)
     if config.loss == "gspo":
         seq_log_ratio = torch.zeros_like(seq_tokens).index_add_(0, sequence_index, log_ratio.detach())
         seq_log_ratio = (seq_log_ratio / seq_tokens)[sequence_index]
@@ -131,10 +127,10 @@ def policy_loss(
 
     # 3. The policy-gradient term.
     if config.loss == "cispo":
-        per_token = -clipped_ratio.detach() * advantages * new_logprobs * tis
+        per_token = -clipped_ratio.detach() * advantages * new_logprobs * weight
         clipped = (ratio < low) | (ratio > high)
     else:
-        per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages) * tis
+        per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages) * weight
         clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
 
     # 4. Optional KL to the reference policy (k3: unbiased, always >= 0).
@@ -158,6 +154,8 @@ def policy_loss(
         "staleness": float(staleness.sum()) if staleness is not None else 0.0,
         "stale": float((staleness > 0).sum()) if staleness is not None else 0.0,
         "clipped": float(clipped.sum()),
+        "truncated": float((behaviour > cap).sum()),
+        "behaviour_weight": float(weight.sum()),
         "ratio": float(ratio.detach().sum()),
         "kl": float(kl.detach().sum()),
     }
@@ -171,7 +169,7 @@ def reinforce_loss(
     normalization: str,
     totals: StepTotals,
 ) -> torch.Tensor:
-    """Plain REINFORCE, -A * logp normalised like `policy_loss`: its gradient is policy_loss's at ratio 1."""
+    """Plain REINFORCE, -A * logp normalised like `policy_loss`: its gradient is policy_loss's at weight 1."""
     if normalization == "token":
         return -(advantages * new_logprobs).sum() / max(totals.trained_tokens, 1)
     counts = torch.bincount(sequence_index).to(new_logprobs.dtype)[sequence_index]

@@ -211,6 +211,8 @@ class Trainer:
             "kl": 0.0,
             "staleness": 0.0,
             "stale": 0.0,
+            "truncated": 0.0,
+            "behaviour_weight": 0.0,
         }
         batches = pack_micro_batches(
             [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
@@ -228,6 +230,8 @@ class Trainer:
             loss=sums["loss"],
             clip_fraction=sums["clipped"] / tokens,
             mean_ratio=sums["ratio"] / tokens,
+            truncated_fraction=sums["truncated"] / tokens,
+            mean_behaviour_weight=sums["behaviour_weight"] / tokens,
             sequences=len(sequences),
             micro_batches=len(batches),
             **(
