@@ -46,8 +46,8 @@ if TYPE_CHECKING:
         TinkerNativeBackend,
         UnsupportedBackendError,
     )
-    from .pipeline_tuner import PipelineRuntimeConfig
     from .gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
+    from .pipeline_tuner import PipelineRuntimeConfig
     from .ray import gather_on_ray
     from .report import write_report
     from .rewards import RulerError, ruler, ruler_score_group

@@ -1,6 +1,7 @@
 """ART >= 0.5.18's `backend.train(model, groups, ...)` on the real LocalBackend (shared vLLM server, tiny model):
-a step that trains nothing still advances (its checkpoint a copy of the last), a step that trains changes the
-served weights, and nothing is logged until `model.log`."""
+a step that trains nothing still advances (the last checkpoint's folder renamed to it, as ART's step-skipping
+test expects, while the version it served keeps answering), a step that trains changes the served weights, and
+nothing is logged until `model.log`."""
 
 from __future__ import annotations
 
@@ -36,16 +37,28 @@ async def test_backend_train_skips_advance_and_trains_change_weights(
     backend, model = registered
     folder = backend.model_dir(model)
     start = await model.get_step()
+    before = folder / "checkpoints" / f"{start:04d}"
+    files = {
+        n: (before / n).read_bytes()
+        for n in ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt")
+    }
     groups = [await sampled_group(model, [0.5, 0.5, 0.5])]
     result = await backend.train(model, groups, learning_rate=1e-3)
     assert isinstance(result, art.LocalTrainResult) and result.step == start + 1 == await model.get_step()
     assert result.metrics["trained_tokens"] == 0
-    before = folder / "checkpoints" / f"{start:04d}"
     after = Path(result.checkpoint_path or "")
-    assert after == folder / "checkpoints" / f"{start + 1:04d}"
-    for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt"):
-        assert (after / name).read_bytes() == (before / name).read_bytes(), name
+    assert after == folder / "checkpoints" / f"{start + 1:04d}" and not before.exists()  # moved, not copied
+    for name, data in files.items():
+        assert (after / name).read_bytes() == data, name
     assert json.loads((after / "trainer_state.json").read_text())["step"] == start + 1
+    client = model.openai_client()
+    for version in (start, start + 1):  # the moved version still answers by its name, as the new one does
+        answer = await client.chat.completions.with_raw_response.create(
+            model=model.get_inference_name(step=version),
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+        )
+        assert answer.headers["x-art-policy-version"] == str(version)
     assert (
         not (folder / "history.jsonl").exists()
         or '"split": "train"' not in (folder / "history.jsonl").read_text()

@@ -180,8 +180,8 @@ class LocalBackend(CheckpointSync, ARTTraining):
     ) -> AsyncIterator[dict[str, Any]]:
         """One GRPO step: train, save `checkpoints/{step+1:04d}` atomically, hot-load it, record metrics.
 
-        A step that trains nothing (every group's rewards equal, say) still advances: the new checkpoint is a
-        copy of the last one, as in ART."""
+        A step that trains nothing (every group's rewards equal, say) still advances: the last checkpoint's
+        folder is renamed to the new step, as in ART (the version it served keeps answering from memory)."""
         from ..training import checkpoints
 
         state = self._registered(model)
@@ -460,7 +460,8 @@ class LocalBackend(CheckpointSync, ARTTraining):
                 await state.server.wake_up()
 
     async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
-        """Save the trainer's new step (a copy of the last checkpoint when the weights are `unchanged`), serve it."""
+        """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`), serve
+        it."""
         from ..training import checkpoints
 
         trainer = state.trainer
@@ -471,7 +472,12 @@ class LocalBackend(CheckpointSync, ARTTraining):
                 f"trainer is at step {trainer.step}, expected {state.step + 1}; reload from disk"
             )
         if unchanged and state.step in checkpoints.list_steps(state.directory):
-            await asyncio.to_thread(checkpoints.copy_checkpoint, state.directory, state.step, trainer.step)
+            moved = await asyncio.to_thread(
+                checkpoints.move_checkpoint, state.directory, state.step, trainer.step
+            )
+            await state.gateway.moved(
+                state.name, state.step, moved
+            )  # still served, from memory (same weights)
         else:
             await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
         state.step = trainer.step

@@ -4,9 +4,11 @@ are checked and bounded, versions are unloaded once nothing uses them, and a dea
 Versioned weights: step k of model `{project}/{name}` is the adapter `{project}/{name}@k`, loaded beside the
 others under its own name and path and never changed. A request for `{project}/{name}` (or the bare `name`, while
 one project alone uses it here) goes to the newest version; a request in flight finishes on the version it
-started with (vLLM keys its prefix cache by adapter, so no stale prefix is ever served for a new one); a version
-that is not the newest is unloaded when its last request ends, and loaded again on demand when asked by name.
-Every answer says which version produced it (`x-art-policy-version`, `x-art-served-model`).
+started with (vLLM keys its prefix cache by adapter, so no stale prefix is ever served for a new one); an old
+version stays loaded while it was used in the last `keep_old_s` seconds and the engine has room (least recently
+used first out), and is loaded again on demand when asked by name. Loads and unloads never hold the table's lock
+(`versions.py`), so no request waits on another version's load. Every answer says which version produced it
+(`x-art-policy-version`, `x-art-served-model`).
 
 It runs an ASGI server on 127.0.0.1 in a thread of its own (with its own event loop), so it outlives any one
 `asyncio.run` of its user and keeps serving while a training step holds the caller's loop.
@@ -23,7 +25,6 @@ import secrets
 import threading
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,30 +38,13 @@ from ..calls import SERVED_HEADER, VERSION_HEADER
 from .forward import Forwarded, end_to_end_headers, openai_error
 from .process import find_free_port
 from .requests import RequestLimits, RequestRejected, parse_request
+from .versions import ServedModel, Version, VersionTable
 from .vllm_server import InferenceServerError, VLLMServer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 INFERENCE_PATHS = frozenset({"chat/completions", "completions", "responses", "messages"})
 WATCH_EVERY_S = 0.5  # how often the engine's process is checked
-
-
-@dataclass
-class Version:
-    step: int
-    adapter: str
-    path: Path
-    in_flight: int = 0
-
-
-@dataclass
-class ServedModel:
-    """One model's versions on this server; `key` is `{project}/{name}`."""
-
-    key: str
-    name: str
-    versions: dict[int, Version] = field(default_factory=dict)
-    newest: int | None = None
 
 
 class Gateway:
@@ -74,8 +58,7 @@ class Gateway:
         self.limits = limits or RequestLimits()
         self.api_key = "art-gw-" + secrets.token_urlsafe(24)
         self.port = find_free_port(port)
-        self.models: dict[str, ServedModel] = {}
-        self.claims: dict[str, set[str]] = {}  # bare name -> the model keys that use it
+        self.table = VersionTable(self._load, self._unload, lambda: self.server.config.max_loras)
         self.in_flight = 0
         self.busy_s = 0.0  # seconds with at least one request in flight (engine not idle)
         self._busy_since: float | None = None
@@ -85,7 +68,6 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._uvicorn: Any = None
         self._client: httpx.AsyncClient | None = None
-        self._lock: asyncio.Lock | None = None
 
     @property
     def base_url(self) -> str:
@@ -118,7 +100,6 @@ class Gateway:
             self._loop = loop
             self._ready = asyncio.Event()
             self._ready.set()
-            self._lock = asyncio.Lock()
             loop.call_soon(started.set)
             watchdog = loop.create_task(self._watch_engine())
             try:
@@ -164,103 +145,74 @@ class Gateway:
 
     # ---- versions -----------------------------------------------------------------------------------------------
 
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        return self.table.models
+
+    @property
+    def keep_old_s(self) -> float:
+        """How long an old version stays loaded after its last use (while the engine has room)."""
+        return self.table.keep_old_s
+
+    @keep_old_s.setter
+    def keep_old_s(self, seconds: float) -> None:
+        self.table.keep_old_s = seconds
+
     async def publish(self, key: str, name: str, step: int, path: Path) -> str:
         """Serve step `step` of `key` (from the adapter folder `path`) and point the model's names at it; returns
-        its adapter name. Older versions are unloaded once no request uses them."""
+        its adapter name. Older versions leave the engine once idle for `keep_old_s` (or it needs their room)."""
         return await self.call(self._publish(key, name, step, Path(path)))
 
     async def _publish(self, key: str, name: str, step: int, path: Path) -> str:
-        assert self._lock is not None
-        async with self._lock:
-            model = self.models.get(key) or ServedModel(key=key, name=name)
-            version = model.versions.get(step) or Version(step=step, adapter=f"{key}@{step}", path=path)
-            await self._engine_ready()
-            await self.server.load_lora(version.adapter, version.path)
-            model.versions[step] = version
-            if model.newest is None or step >= model.newest:
-                model.newest = step
-            self.models[key] = model
-            self.claims.setdefault(name, set()).add(key)
-            if len(self.claims[name]) > 1:
-                log.warning(
-                    "model name %r is used by more than one project on this server: it is served only as "
-                    "'{project}/%s' (use model.get_inference_name())",
-                    name,
-                    name,
-                )
-            await self._retire(model)
-            return version.adapter
+        await self._engine_ready()
+        version, shared = await self.table.publish(key, name, step, path)
+        if shared:
+            log.warning(
+                "model name %r is used by more than one project on this server: it is served only as "
+                "'{project}/%s' (use model.get_inference_name())",
+                name,
+                name,
+            )
+        return version.adapter
+
+    async def moved(self, key: str, step: int, path: Path) -> None:
+        """Version `step` of `key` now lives in `path`, its weights unchanged (a step that trained nothing took
+        over its folder): the engine keeps serving it from memory, and loads it from there when it must."""
+        await self.call(self.table.moved(key, step, Path(path)))
 
     async def forget(self, key: str, steps: list[int] | None = None) -> None:
         """Stop serving `steps` of `key` (their checkpoints are gone), or the whole model (None)."""
         await self.call(self._forget(key, steps))
 
     async def _forget(self, key: str, steps: list[int] | None) -> None:
-        assert self._lock is not None
-        async with self._lock:
-            model = self.models.get(key)
-            if model is None:
-                return
-            for step in list(model.versions) if steps is None else steps:
-                version = model.versions.pop(step, None)
-                if version is not None and version.in_flight == 0:
-                    await self._unload(version.adapter)  # one in flight is unloaded when it ends
-            if steps is None or model.newest not in model.versions:
-                model.newest = max(model.versions, default=None)
-            if steps is None:
-                del self.models[key]
-                claims = self.claims.get(model.name, set())
-                claims.discard(key)
-                if not claims:
-                    self.claims.pop(model.name, None)
+        for version in await self.table.forget(key, steps):
+            await self.table.unload_if_idle(version, forgotten=True)  # one in flight is unloaded when it ends
 
     def adapter_name(self, key: str, step: int | None = None) -> str:
         """The adapter serving `key` at `step` (None: its newest version)."""
-        model = self.models[key]
-        at = model.newest if step is None else step
-        if at is None or at not in model.versions:
-            raise KeyError(f"{key}@{step} is not served")
-        return model.versions[at].adapter
+        return self.table.adapter_name(key, step)
 
-    async def _retire(self, model: ServedModel) -> None:
-        """Unload the versions of `model` that are neither the newest nor in use (their paths stay known)."""
-        for version in model.versions.values():
-            if version.step != model.newest and version.in_flight == 0:
-                await self._unload(version.adapter)
+    def resolve(self, requested: str) -> tuple[ServedModel, Version] | str:
+        """The model and version a requested name means, or why it is not served (a message naming no others)."""
+        return self.table.resolve(requested)
 
-    async def _unload(self, adapter: str) -> None:
-        if adapter not in self.server.loras:
+    async def _load(self, version: Version) -> None:
+        await self._engine_ready()
+        await self.server.load_lora(version.adapter, version.path)
+
+    async def _unload(self, version: Version) -> None:
+        if version.adapter not in self.server.loras:
             return
         try:
-            await self.server.unload_lora(adapter)
+            await self.server.unload_lora(version.adapter)
         except (
             InferenceServerError,
             httpx.HTTPError,
         ) as error:  # the engine may be restarting: forget it anyway
-            log.warning("could not unload adapter %s: %s", adapter, error)
-            self.server.loras.pop(adapter, None)
+            log.warning("could not unload adapter %s: %s", version.adapter, error)
+            self.server.loras.pop(version.adapter, None)
 
     # ---- requests -----------------------------------------------------------------------------------------------
-
-    def resolve(self, requested: str) -> tuple[ServedModel, Version] | str:
-        """The model and version a requested name means, or why it is not served (a message naming no others)."""
-        base, _, step_text = requested.partition("@")
-        model = self.models.get(base)
-        if model is None and "/" not in base:
-            keys = self.claims.get(base, set())
-            if len(keys) > 1:
-                return (
-                    f"model {base!r} is used by more than one project on this server; "
-                    "ask for '{project}/" + base + "'"
-                )
-            model = self.models.get(next(iter(keys))) if keys else None
-        if model is None or model.newest is None:
-            return f"model {requested!r} is not served here"
-        if not step_text:
-            return model, model.versions[model.newest]
-        if not step_text.isdigit() or int(step_text) not in model.versions:
-            return f"model {requested!r} is not served here (no such step)"
-        return model, model.versions[int(step_text)]
 
     async def handle(self, request: Request) -> Response:
         path = request.path_params["path"]
@@ -277,18 +229,32 @@ class Gateway:
         requested = payload.get("model") or ""
         if not await self._engine_ready(wait_s=300.0):
             return openai_error(503, "the inference engine is restarting; try again", "unavailable")
-        assert self._lock is not None
-        async with self._lock:  # publishes, loads and unloads hold it: no version changes under a request
+        async with self.table.lock:  # resolved and pinned at once: a pinned version never leaves the engine
             target = self.resolve(requested)
             if isinstance(target, str):
                 return openai_error(404, target, "not_found")
             model, version = target
-            if version.adapter not in self.server.loras:  # an older version asked for by name: load it again
-                try:
-                    await self.server.load_lora(version.adapter, version.path)
-                except (InferenceServerError, ValueError, OSError) as error:
-                    return openai_error(404, f"model {requested!r} cannot be served: {error}", "not_found")
             self._began(version)
+        try:
+            return await self._forward(request, path, payload, requested, model, version)
+        except BaseException:
+            self._ended(model, version)
+            raise
+
+    async def _forward(
+        self,
+        request: Request,
+        path: str,
+        payload: dict[str, Any],
+        requested: str,
+        model: ServedModel,
+        version: Version,
+    ) -> Response:
+        try:
+            await self.table.ensure_loaded(version)  # an older version asked for by name: loaded again
+        except (InferenceServerError, ValueError, OSError) as error:
+            self._ended(model, version)
+            return openai_error(404, f"model {requested!r} cannot be served: {error}", "not_found")
         payload["model"] = version.adapter
         headers = end_to_end_headers(request.headers)
 
@@ -318,36 +284,28 @@ class Gateway:
         )
 
     def _began(self, version: Version) -> None:
-        version.in_flight += 1
+        self.table.pin(version)
         self.in_flight += 1
         if self.in_flight == 1:
             self._busy_since = time.monotonic()
 
     def _ended(self, model: ServedModel, version: Version) -> None:
-        version.in_flight -= 1
+        """A request on `version` ended, however it ended (called exactly once per `_began`)."""
+        self.table.unpin(version)
         self.in_flight -= 1
         if self.in_flight == 0 and self._busy_since is not None:
             self.busy_s += time.monotonic() - self._busy_since
             self._busy_since = None
-        current = model.versions.get(version.step) is version and self.models.get(model.key) is model
-        if version.in_flight == 0 and (version.step != model.newest or not current):
-            asyncio.get_running_loop().create_task(self._unload_idle(version))
-
-    async def _unload_idle(self, version: Version) -> None:
-        """Unload a version no longer the newest (or no longer served) once its last request ended."""
-        assert self._lock is not None
-        async with self._lock:
-            if version.in_flight == 0:
-                await self._unload(version.adapter)
+        forgotten = model.versions.get(version.step) is not version or self.models.get(model.key) is not model
+        if forgotten and version.in_flight == 0:
+            asyncio.get_running_loop().create_task(self.table.unload_if_idle(version, forgotten=True))
 
     def busy_seconds(self) -> float:
         """Seconds so far with at least one request in flight (for the engine's idle fraction)."""
         return self.busy_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
 
     def list_models(self) -> dict[str, Any]:
-        names = [key for key, model in self.models.items() if model.newest is not None]
-        names += [name for name, keys in self.claims.items() if len(keys) == 1 and name not in self.models]
-        data = [{"id": n, "object": "model", "owned_by": "art-adapters"} for n in sorted(names)]
+        data = [{"id": n, "object": "model", "owned_by": "art-adapters"} for n in self.table.names()]
         return {"object": "list", "data": data}
 
     @property
@@ -377,6 +335,7 @@ class Gateway:
         while True:
             await asyncio.sleep(every_s)
             if not self.server.died:
+                await self.table.retire()  # old versions past their grace leave the engine
                 continue
             code = self.server.process.poll() if self.server.process else None
             log.error(

@@ -123,3 +123,8 @@ def nesting_depth(value: Any, stop_at: int) -> int:
             return deepest
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return deepest
+
+
+def parse_step(text: str) -> int | None:
+    """A step number as clients and buckets write it: ASCII digits only (`"²".isdigit()` is true), at most 9."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None

@@ -125,11 +125,14 @@ def save_trainer(trainer: Trainer, directory: Path) -> Path:
 
 
 def load_trainer(trainer: Trainer, directory: Path) -> None:
-    """Resume exactly from `save_trainer`; from a bare adapter dir, load its weights only (fresh optimizer)."""
+    """Resume exactly from `save_trainer`; from a bare adapter dir, load its weights only (fresh optimizer). A
+    checkpoint folder's name is its step (a step that trained nothing took over the previous step's folder)."""
+    named_step = int(directory.name) if directory.name.isascii() and directory.name.isdigit() else None
     if not (directory / OPTIMIZER_STATE).exists():
         load_adapter_weights(trainer.model, directory)
         info = directory / TRAINER_STATE
         trainer.step = json.loads(info.read_text())["step"] if info.exists() else trainer.step
+        trainer.step = named_step if named_step is not None else trainer.step
         return
     state = torch.load(directory / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
     named = dict(trainer.model.named_parameters())
@@ -140,7 +143,7 @@ def load_trainer(trainer: Trainer, directory: Path) -> None:
         copy_full_into(named[name], tensor)
     ids = [p for p in trainer.model.parameters() if p.requires_grad]  # the optimizer's parameter order
     trainer.optimizer.load_state_dict(_sharded_like(state["optimizer"], ids))
-    trainer.step = int(state["step"])
+    trainer.step = named_step if named_step is not None else int(state["step"])
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])

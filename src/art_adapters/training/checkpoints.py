@@ -85,20 +85,24 @@ def save_checkpoint(
     return final
 
 
-def copy_checkpoint(model_dir: str | Path, source: int, step: int) -> Path:
-    """Atomically create checkpoint `step` as a copy of checkpoint `source` (a step that trained nothing still
-    advances, as in ART); its `trainer_state.json` records the new step."""
-    origin = checkpoint_dir(model_dir, source)
-
-    def write(tmp: Path) -> None:
-        shutil.copytree(origin, tmp, dirs_exist_ok=True)
-        state = tmp / "trainer_state.json"
-        if state.exists():
-            info = json.loads(state.read_text())
-            info["step"] = step
-            state.write_text(json.dumps(info, indent=2) + "\n")
-
-    return save_checkpoint(model_dir, step, write)
+def move_checkpoint(model_dir: str | Path, source: int, step: int) -> Path:
+    """Checkpoint `source` becomes checkpoint `step` (one rename): a step that trained nothing still advances, and
+    takes over the last checkpoint's folder, as in ART. Its `trainer_state.json` then records the new step (a
+    crash in between is harmless: a checkpoint folder's name is its step)."""
+    root = checkpoints_dir(model_dir)
+    origin, final = checkpoint_dir(model_dir, source), checkpoint_dir(model_dir, step)
+    if final.exists():
+        raise FileExistsError(f"checkpoint {final} already exists")
+    os.rename(origin, final)
+    _fsync_dir(root)
+    state = final / "trainer_state.json"
+    if state.exists():
+        info = json.loads(state.read_text())
+        info["step"] = step
+        tmp = state.with_name(f".{state.name}.tmp")
+        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        os.replace(tmp, state)
+    return final
 
 
 def delete_checkpoints(model_dir: str | Path, keep: set[int]) -> list[int]:
