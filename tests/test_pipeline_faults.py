@@ -244,7 +244,19 @@ async def test_arts_current_runtime_config_and_its_older_keywords(
     )
     assert older.pipeline_config.max_steps_off_policy == 0 and older.pipeline_config.rollout_workers == 2
     with pytest.raises(ValueError, match="either pipeline="):
+        PipelineTrainer(model, backend, rollout_fn, [], None, pipeline=runtime, min_batch_size=2)
+    with pytest.raises(ValueError, match="contradicts"):
         PipelineTrainer(model, backend, rollout_fn, [], None, pipeline=runtime, max_steps_off_policy=2)
+    beside = PipelineTrainer(  # some ART versions took the bound beside pipeline=
+        model,
+        backend,
+        rollout_fn,
+        [],
+        None,
+        pipeline=art.PipelineRuntimeConfig(min_batch_size=2),
+        max_steps_off_policy=3,
+    )
+    assert beside.pipeline_config.max_steps_off_policy == 3 and beside.pipeline_config.groups_per_step == 2
     with pytest.raises(art.UnsupportedARTSetting, match="unbounded"):
         PipelineTrainer(model, backend, rollout_fn, [], None, max_steps_off_policy=None)
     with pytest.raises(ValueError, match="max_batch_size must be >= min_batch_size"):

@@ -113,9 +113,9 @@ async def main(args: argparse.Namespace) -> None:
         eval_every_n_steps=args.eval_every,
         eval_at_start=False,
         total_scenarios=None,
-        min_batch_size=args.groups_per_step,
-        num_rollout_workers=args.workers,
-        max_steps_off_policy=1,
+        pipeline=art.PipelineRuntimeConfig(  # ART main's form (its older direct keywords work too)
+            num_rollout_workers=args.workers, min_batch_size=args.groups_per_step, max_steps_off_policy=1
+        ),
     )
     await trainer.train()
     history = Path(args.path) / model.project / "models" / model.name / "history.jsonl"

@@ -90,7 +90,8 @@ def test_langgraph_agent_trains_with_init_chat_model(tmp_path: Path) -> None:
 
 def test_arts_pipeline_example_trains_with_its_pipeline_trainer(tmp_path: Path) -> None:
     """ART's yes/no/maybe pipeline example, its backend swapped for ours: rollouts overlap the steps, ART's pipeline
-    metrics land in history.jsonl (the example reads `train/reward_std_dev` back), eval runs every 2 steps."""
+    metrics land in history.jsonl (the example reads `train/reward_std_dev` back), eval runs every 2 steps beside
+    training (ART main: since the last evaluated step, step 0 at first)."""
     out = run_script(
         "yes_no_maybe_pipeline.py",
         tmp_path,
@@ -106,7 +107,7 @@ def test_arts_pipeline_example_trains_with_its_pipeline_trainer(tmp_path: Path) 
     assert all(
         0 <= r["train/steps_off_policy"] <= 1 and r["train/discarded_stale_groups"] >= 0 for r in train
     )
-    assert [r["step"] for r in rows if r.get("split") == "val"] == [3]
+    assert [r["step"] for r in rows if r.get("split") == "val"] == [2, 4]  # ART: every 2 steps since step 0
     state = json.loads((folder / "state.json").read_text())
     assert state["_pipeline_trainer"]["training_step"] == 4
 

@@ -439,15 +439,25 @@ class LocalBackend(CheckpointSync, ARTTraining):
         return trainer
 
     async def _run_trainer(self, state: Registered, work: Any) -> dict[str, Any]:
-        """Run `work(trainer)` in a thread with vLLM asleep (CUDA); a failure after the update drops the trainer."""
+        """Run `work(trainer)` in a thread with vLLM asleep (CUDA); a failure after the update drops the trainer.
+
+        A caller cancelled mid-step (an async run ending on another stage's error) returns at once; the thread
+        finishes on its own, its update is dropped (no checkpoint holds it) and the next step reloads from disk."""
+        if state.abandoned is not None:  # wait out an abandoned step: it still uses the trainer's weights
+            await asyncio.gather(state.abandoned, return_exceptions=True)
+            state.abandoned = None
         trainer = state.trainer or await asyncio.to_thread(self._load_trainer, state.model, state.directory)
         state.trainer = trainer
         before = trainer.step
         dedicated = self.dedicated(state)
         if not dedicated:
             await state.server.sleep()
+        running = asyncio.ensure_future(asyncio.to_thread(work, trainer))
         try:
-            return await asyncio.to_thread(work, trainer)
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            state.trainer, state.abandoned = None, asyncio.ensure_future(_drop(running, trainer))
+            raise
         except BaseException:
             if (
                 trainer.step != before
@@ -458,6 +468,12 @@ class LocalBackend(CheckpointSync, ARTTraining):
         finally:
             if not dedicated:
                 await state.server.wake_up()
+
+    def rollouts_pause_during_steps(self, model: TrainableModel) -> bool:
+        """Whether the engine sleeps while this model's steps train (trainer and engine share a CUDA GPU)."""
+        state = self._registered(model)
+        server = state.server
+        return server.on_cuda and server.config.sleep_mode_enabled(True) and not self.dedicated(state)
 
     async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
         """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`), serve
@@ -482,3 +498,9 @@ class LocalBackend(CheckpointSync, ARTTraining):
             await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
         state.step = trainer.step
         await publish_step(state, state.step)
+
+
+async def _drop(running: asyncio.Future[Any], trainer: Trainer | ShardedTrainer) -> None:
+    """Let an abandoned step's thread finish, then release its trainer (its update is in no checkpoint)."""
+    await asyncio.gather(running, return_exceptions=True)
+    await asyncio.to_thread(trainer.close)

@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..model import TrainableModel
 
@@ -32,6 +32,7 @@ class Registered:
     trainer: Trainer | ShardedTrainer | None
     step: int
     lock: asyncio.Lock
+    abandoned: asyncio.Future[Any] | None = None  # a step whose caller went away, still running in its thread
 
     @property
     def name(self) -> str:

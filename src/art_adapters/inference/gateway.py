@@ -197,8 +197,30 @@ class Gateway:
         return self.table.resolve(requested)
 
     async def _load(self, version: Version) -> None:
+        """Load `version` into the engine; an engine that died during the load is waited for and asked again."""
         await self._engine_ready()
-        await self.server.load_lora(version.adapter, version.path)
+        try:
+            await self.server.load_lora(version.adapter, version.path)
+        except (httpx.TransportError, InferenceServerError):
+            if not await self._restarted():
+                raise
+            await self.server.load_lora(version.adapter, version.path)
+
+    async def _restarted(self) -> bool:
+        """After a failed exchange with the engine: whether it had died and the watchdog brought it back."""
+        assert self._ready is not None
+        for _ in range(20):  # a dying engine's server can fail requests a few seconds before it exits
+            if self.server.died or not self._ready.is_set():
+                break
+            await asyncio.sleep(WATCH_EVERY_S)
+        else:
+            return False
+        deadline = time.monotonic() + 600.0
+        while time.monotonic() < deadline:  # until the watchdog has it back (not merely noticed the death)
+            if self._ready.is_set() and not self.server.died and self.server.running:
+                return True
+            await asyncio.sleep(WATCH_EVERY_S)
+        return False
 
     async def _unload(self, version: Version) -> None:
         if version.adapter not in self.server.loras:
@@ -267,10 +289,7 @@ class Gateway:
 
         async def recover() -> httpx.Request | None:
             """The engine was not there to serve it: if it died, wait for the watchdog to bring it back."""
-            for _ in range(20):  # a dead engine's server answers (or refuses) a few seconds before it exits
-                await asyncio.sleep(WATCH_EVERY_S)
-                if self._ready is not None and not self._ready.is_set():
-                    break
+            await self._restarted()
             return upstream() if await self._engine_ready(wait_s=600.0) else None
 
         return Forwarded(

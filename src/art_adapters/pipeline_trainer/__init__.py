@@ -196,17 +196,23 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
 
 def _runtime(pipeline: PipelineRuntimeConfig | None, direct: dict[str, Any]) -> PipelineRuntimeConfig:
-    """ART main's `pipeline=` or the older direct keywords (not both)."""
-    given = {k: v for k, v in direct.items() if v is not None and v is not _UNSET}
-    if direct["max_steps_off_policy"] is None:
-        given["max_steps_off_policy"] = None  # asked for explicitly: refused below, by name
-    if pipeline is not None:
-        if given:
-            raise ValueError(
-                f"Use either pipeline=PipelineRuntimeConfig(...) or the direct settings {sorted(given)}, not both."
-            )
-        return pipeline
-    return PipelineRuntimeConfig(**given)
+    """ART main's `pipeline=` or the older direct keywords (not both); `max_steps_off_policy=` was a direct keyword
+    beside `pipeline=` in some ART versions, so it may come either way (but not two different values)."""
+    bound = direct.pop("max_steps_off_policy")
+    given = {k: v for k, v in direct.items() if v is not None}
+    if pipeline is not None and given:
+        raise ValueError(
+            f"Use either pipeline=PipelineRuntimeConfig(...) or the direct settings {sorted(given)}, not both."
+        )
+    runtime = pipeline or PipelineRuntimeConfig(**given)
+    if bound is _UNSET:
+        return runtime
+    if "max_steps_off_policy" in runtime.model_fields_set and runtime.max_steps_off_policy != bound:
+        raise ValueError(
+            f"max_steps_off_policy={bound!r} contradicts pipeline=PipelineRuntimeConfig(max_steps_off_policy="
+            f"{runtime.max_steps_off_policy!r}): give it once"
+        )
+    return runtime.model_copy(update={"max_steps_off_policy": bound})
 
 
 __all__ = [
