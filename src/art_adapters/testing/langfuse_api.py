@@ -188,7 +188,7 @@ class LangfuseAPIServer:
             "metadata": {k[len(_META) :]: v for k, v in a.items() if k.startswith(_META)},
             "model": a.get("langfuse.observation.model.name"),
             "modelParameters": _json(a.get("langfuse.observation.model.parameters")),
-            "usageDetails": _json(a.get("langfuse.observation.usage_details")),
+            "usageDetails": _counts(_json(a.get("langfuse.observation.usage_details"))),
             "_trace": {
                 "sessionId": a.get("session.id"),
                 "userId": a.get("user.id"),
@@ -313,6 +313,13 @@ def _meta(start: int, limit: int, total: int) -> dict[str, Any]:
     if start + limit < total:
         meta["cursor"] = base64.urlsafe_b64encode(str(start + limit).encode()).decode()
     return meta
+
+
+def _counts(usage: Any) -> dict[str, int] | None:
+    """Usage as Langfuse keeps it: token counts by name (nested details and empty values dropped)."""
+    if not isinstance(usage, dict):
+        return None
+    return {k: int(v) for k, v in usage.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _json(value: Any) -> Any:
