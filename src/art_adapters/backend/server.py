@@ -285,7 +285,7 @@ def create_app(
         return await forward(request, path)
 
     if record is not None:
-        app.add_api_route("/rewards/{trajectory_id}", record.reward_endpoint, methods=["POST"])
+        app.add_route("/rewards/{trajectory_id}", record.reward_endpoint, methods=["POST"])
 
     return app
 

@@ -76,7 +76,7 @@ class LiveRecorder:
     async def record(self, request: Any, forward: Callable[[Trajectory], Awaitable[Any]]) -> Any:
         """Forward the request (`forward(scratch)` returns the ASGI response; the call is captured into
         `scratch`) and store the call under its trajectory once the answer has been sent."""
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response
 
         named = request.headers.get(TRAJECTORY_HEADER)
         try:
@@ -96,11 +96,17 @@ class LiveRecorder:
         metadata = {"group": group} if group else None
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
+            stored = False
+
             async def tagged(message: dict[str, Any]) -> None:
+                nonlocal stored
                 if message["type"] == "http.response.start":
                     headers = list(message.get("headers") or [])
                     headers.append((TRAJECTORY_HEADER.encode(), trajectory_id.encode()))
                     message = {**message, "headers": headers}
+                elif message["type"] == "http.response.body" and not message.get("more_body") and not stored:
+                    stored = True  # before the answer ends: the agent's next call finds this conversation
+                    await self._store(trajectory_id, scratch, messages, metadata)
                 await send(message)
 
             token = CURRENT.set(scratch)
@@ -108,9 +114,17 @@ class LiveRecorder:
                 await inner(scope, receive, tagged)
             finally:
                 CURRENT.reset(token)
-                await self._store(trajectory_id, scratch, messages, metadata)
+                if not stored:
+                    await self._store(trajectory_id, scratch, messages, metadata)
 
-        return app
+        class Recorded(Response):  # a Response to FastAPI, the wrapped ASGI app when it runs
+            def __init__(self) -> None:
+                self.background = None
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                await app(scope, receive, send)
+
+        return Recorded()
 
     def _conversation(self, messages: Any) -> str:
         """The open trajectory this conversation continues, or a new id."""
@@ -154,8 +168,8 @@ class LiveRecorder:
         401 bad key, 413 body too large."""
         from starlette.responses import JSONResponse
 
-        def answer(status: int, **body: Any) -> Any:
-            return JSONResponse(body, status_code=status)
+        def answer(code: int, **body: Any) -> Any:
+            return JSONResponse(body, status_code=code)
 
         if self.reward_key:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -178,12 +192,12 @@ class LiveRecorder:
         except ValueError as error:
             return answer(400, detail=str(error))
         try:
-            status = await asyncio.to_thread(self.store.set_reward, trajectory_id, reward, metrics, metadata)
+            outcome = await asyncio.to_thread(self.store.set_reward, trajectory_id, reward, metrics, metadata)
         except KeyError:
             return answer(404, detail=f"no recorded trajectory {trajectory_id!r}")
         except RewardConflict as error:
             return answer(409, detail=str(error))
-        return answer(200, trajectory_id=trajectory_id, status=status)
+        return answer(200, trajectory_id=trajectory_id, status=outcome)
 
 
 def _digest(keys: list[Any]) -> str:
