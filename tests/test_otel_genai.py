@@ -181,9 +181,10 @@ def test_endpoint_bounds_and_keys() -> None:
         OTLPEndpoint(host="0.0.0.0")
     body = json.dumps(export_request([span(TRACE, "b" * 16, None, "chat", 1, CURRENT)]))
     with OTLPEndpoint(api_key="k3y", max_body_bytes=len(body) + 10) as endpoint:
-        post = lambda content, **headers: httpx.post(
-            endpoint.url, content=content, headers=headers, timeout=10
-        )  # noqa: E731
+
+        def post(content: str | bytes, **headers: str) -> httpx.Response:
+            return httpx.post(endpoint.url, content=content, headers=headers, timeout=10)
+
         assert post(body, **{"content-type": "application/json"}).status_code == 401
         ok = {"content-type": "application/json", "authorization": "Bearer k3y"}
         assert post(body, **ok).status_code == 200 and post(body, **ok).json() == {}
