@@ -41,10 +41,13 @@ def call_key(name: str, arguments: Any) -> str:
     return f"{name}:{json.dumps(arguments, sort_keys=True, separators=(',', ':'))}"
 
 
-def replay_scenarios(trajectories: Iterable[Trajectory]) -> list[ReplayScenario]:
+def replay_scenarios(trajectories: Iterable[Trajectory], *, unique: bool = True) -> list[ReplayScenario]:
     """A scenario per trajectory that has a user turn: its messages up to and including the first user message,
-    its tools, and every tool result it recorded (its main conversation and its histories)."""
+    its tools, and every tool result it recorded (its main conversation and its histories). `unique`: one
+    scenario per distinct start (the best-rewarded trace's answer kept as the recorded one, every trace's tool
+    results pooled)."""
     out: list[ReplayScenario] = []
+    seen: dict[str, ReplayScenario] = {}
     for trajectory in trajectories:
         messages = trajectory.messages()
         first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
@@ -63,6 +66,14 @@ def replay_scenarios(trajectories: Iterable[Trajectory]) -> list[ReplayScenario]
                             content if isinstance(content, str) else json.dumps(content)
                         )
         final = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+        start = json.dumps([messages[: first_user + 1], trajectory.tools], sort_keys=True, default=str)
+        if unique and start in seen:
+            known = seen[start]
+            known.fixtures = {**fixtures, **known.fixtures}
+            if math.isfinite(trajectory.reward) and trajectory.reward > (known.recorded_reward or -math.inf):
+                known.recorded_reward = trajectory.reward
+                known.recorded_answer = None if final is None else str(final.get("content") or "")
+            continue
         out.append(
             ReplayScenario(
                 messages=messages[: first_user + 1],
@@ -73,6 +84,7 @@ def replay_scenarios(trajectories: Iterable[Trajectory]) -> list[ReplayScenario]
                 trace_id=str(trajectory.metadata.get("trace_id") or "") or None,
             )
         )
+        seen[start] = out[-1]
     return out
 
 
