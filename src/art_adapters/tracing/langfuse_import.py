@@ -9,7 +9,6 @@ chat calls without sampled token ids, flagged `metadata["sampled_token_ids"] = F
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -30,6 +29,7 @@ from ._foreign import (
     foreign_trajectory,
     parsed,
 )
+from ._langfuse_read import Reader
 from ._records import (
     CALL_KEY,
     SKIPPED_CALLS_KEY,
@@ -40,8 +40,6 @@ from ._records import (
 )
 
 log = logging.getLogger(__name__)
-_ROOT_FIELDS = "core,basic,io,metadata,trace_context"
-_CHILD_FIELDS = "core,basic,io,metadata,model,usage"
 
 
 class ImportStats(BaseModel):
@@ -113,7 +111,7 @@ def import_trajectories(
     stats = ImportStats()
     rewarder = Rewarder(reward, categories)
     conditions = _filter(name, tags, session_id, user_id, from_time, to_time)
-    reader = _Reader(client.api, {"timeout_in_seconds": timeout_s, "max_retries": 2})
+    reader = Reader(client.api, {"timeout_in_seconds": timeout_s, "max_retries": 2})
 
     def trajectories() -> Iterator[Trajectory]:
         bar = _progress(progress, limit)
@@ -152,93 +150,6 @@ def import_trajectories(
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
-
-
-class _Reader:
-    """The three reads, each following `meta.cursor` until it is absent."""
-
-    def __init__(self, api: Any, options: dict[str, Any]) -> None:
-        self.api = api
-        self.options = options
-
-    def root_pages(
-        self, conditions: list[dict[str, Any]], size: int, limit: int | None
-    ) -> Iterator[list[dict]]:
-        cursor: str | None = None
-        seen = 0
-        while limit is None or seen < limit:
-            ask = size if limit is None else min(size, limit - seen)
-            page = self.api.observations.get_many(
-                fields=_ROOT_FIELDS,
-                expand_metadata=f"{TRAJECTORY_KEY},{SKIPPED_CALLS_KEY}",
-                limit=ask,
-                cursor=cursor,
-                filter=json.dumps(conditions),
-                request_options=self.options,
-            )
-            rows = [_row(o) for o in page.data]
-            seen += len(rows)
-            if rows:
-                yield rows
-            cursor = page.meta.cursor
-            if not cursor:
-                return
-
-    def observations(self, trace_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-        out: dict[str, list[dict[str, Any]]] = {}
-        condition = [{"type": "stringOptions", "column": "traceId", "operator": "any of", "value": trace_ids}]
-        cursor: str | None = None
-        while True:
-            page = self.api.observations.get_many(
-                fields=_CHILD_FIELDS,
-                expand_metadata=CALL_KEY,
-                limit=1000,
-                cursor=cursor,
-                filter=json.dumps(condition),
-                request_options=self.options,
-            )
-            for observation in page.data:
-                row = _row(observation)
-                out.setdefault(row["traceId"], []).append(row)
-            cursor = page.meta.cursor
-            if not cursor:
-                return out
-
-    def scores(self, trace_ids: list[str]) -> dict[str, list[tuple[str, Any, str]]]:
-        """trace id -> [(name, value, data type)], oldest first."""
-        found: dict[str, list[tuple[Any, str, Any, str]]] = {}
-        cursor: str | None = None
-        while True:
-            page = self.api.scores.get_many(
-                trace_id=",".join(trace_ids),
-                fields="subject",
-                limit=100,
-                cursor=cursor,
-                request_options=self.options,
-            )
-            for score in page.data:
-                subject = getattr(score, "subject", None)
-                trace = getattr(subject, "id", None) if getattr(subject, "kind", "trace") == "trace" else None
-                trace = trace or getattr(subject, "trace_id", None)
-                if trace:
-                    found.setdefault(trace, []).append(
-                        (score.timestamp, score.name, score.value, score.data_type)
-                    )
-            cursor = page.meta.cursor
-            if not cursor:
-                break
-        return {
-            t: [(n, v, d) for _, n, v, d in sorted(rows, key=lambda r: r[0])] for t, rows in found.items()
-        }
-
-
-def _row(observation: Any) -> dict[str, Any]:
-    data = observation.dict(by_alias=True) if hasattr(observation, "dict") else dict(observation)
-    for key in ("startTime", "endTime"):
-        value = data.get(key)
-        if isinstance(value, datetime):
-            data[key] = value.timestamp()
-    return data
 
 
 def _filter(
