@@ -45,6 +45,7 @@ bench: venv
 	$(BIN)/python bench/fidelity.py
 	$(BIN)/python bench/async_pipeline.py
 	$(BIN)/python bench/replicas.py
+	$(BIN)/python bench/production_import.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench examples

@@ -1,4 +1,4 @@
-"""The `art-adapters` command: demo | serve | doctor | report | tiny-model."""
+"""The `art-adapters` command: demo | serve | import | doctor | report | tiny-model."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     commands.add_parser(
+        "import",
+        help="production traces (Langfuse, OTLP files) to a JSONL of Trajectories (see `import --help`)",
+        add_help=False,
+    )
+
+    commands.add_parser(
         "trainer-worker",
         help="join a sharded trainer from another host (see `trainer-worker --help`)",
         add_help=False,
@@ -74,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
         serve_command(argv[1:])
         return 0
+    if argv[:1] == ["import"]:
+        from .tracing.import_cli import import_command
+
+        return import_command(argv[1:])
     if argv[:1] == ["trainer-worker"]:
         from .training.sharded import trainer_worker_command
 

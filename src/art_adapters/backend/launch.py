@@ -50,11 +50,13 @@ def serve(
     trainer_gpu_ids: list[int] | None = None,
     trainer_nodes: int = 1,
     trainer_master: str | None = None,
+    record: str | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
     bound every inference request, at this server and at the engine's gateway. SIGTERM ends it within a bounded
-    time: connections still open after 10 s are closed, steps in flight get 120 s."""
+    time: connections still open after 10 s are closed, steps in flight get 120 s. `record` (a store URL:
+    sqlite:///file.db or postgresql://...): record mode, every `/v1` call stored, `POST /rewards/{id}` open."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
@@ -84,6 +86,7 @@ def serve(
         allowed_base_models=allowed_base_models,
         max_body_bytes=max_body_bytes,
         limits=limits,
+        record=_recorder(record),
     )
     uvicorn.run(
         app,
@@ -96,6 +99,14 @@ def serve(
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
     )
+
+
+def _recorder(url: str | None) -> object:
+    if url is None:
+        return None
+    from ..capture.live import LiveRecorder
+
+    return LiveRecorder(url)  # rewards are behind the server's admin key
 
 
 def serve_command(argv: list[str] | None = None) -> None:
@@ -158,6 +169,12 @@ def serve_command(argv: list[str] | None = None) -> None:
         metavar="HOST:PORT",
         help="node 0's rendezvous address, reachable by the others",
     )
+    parser.add_argument(
+        "--record",
+        default=None,
+        metavar="STORE_URL",
+        help="record mode: store every /v1 call (sqlite:///file.db or postgresql://...); POST /rewards/{id}",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -178,4 +195,5 @@ def serve_command(argv: list[str] | None = None) -> None:
         trainer_gpu_ids=args.trainer_gpu,
         trainer_nodes=args.trainer_nodes,
         trainer_master=args.trainer_master,
+        record=args.record,
     )

@@ -171,16 +171,23 @@ def create_app(
     proxy_read_timeout_s: float = 600.0,
     limits: RequestLimits | None = None,
     shutdown_grace_s: float = 120.0,
+    record: Any = None,
 ) -> FastAPI:
     """The FastAPI app serving `backend`. `public_url` overrides the base URL handed to clients (default: the URL
     the request came in on); `heartbeat_s` is the idle gap after which a progress stream sends a heartbeat line.
 
     `api_key` opens every route, `inference_key` only `/v1/*` (and is the key handed to clients for inference).
     `allowed_base_models`: what clients may register (default: the base models of the models already on disk).
-    `limits`: what one inference request may ask; `shutdown_grace_s`: how long shutdown waits for steps in flight."""
+    `limits`: what one inference request may ask; `shutdown_grace_s`: how long shutdown waits for steps in flight.
+    `record`: a LiveRecorder (record mode, backend/record.py): `/v1` calls are stored, `/rewards/{id}` joins rewards."""
     allowed = set(allowed_base_models or ()) | registered_base_models(backend)
     proxy = InferenceProxy(limits=limits, read_timeout_s=proxy_read_timeout_s)
     state = _State(backend, proxy, {_base_key(b) for b in allowed})
+    forward = proxy.forward
+    if record is not None:
+        from .record import recorded_forward
+
+        forward = recorded_forward(proxy, record)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -195,6 +202,8 @@ def create_app(
                 )
                 task.cancel()
         await state.proxy.aclose()
+        if record is not None:
+            await forward.aclose()  # type: ignore[attr-defined]
         await backend.close()
 
     app = FastAPI(
@@ -273,7 +282,10 @@ def create_app(
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
     async def inference(path: str, request: Request) -> Any:
-        return await state.proxy.forward(request, path)
+        return await forward(request, path)
+
+    if record is not None:
+        app.add_route("/rewards/{trajectory_id}", record.reward_endpoint, methods=["POST"])
 
     return app
 

@@ -11,6 +11,9 @@ token ids, sources and chaining as in-process capture.
 The rollout id is a random capability (the only key a local agent needs); the upstream key never leaves this
 process. A client that cannot change its base URL per rollout may use `endpoint.base_url` and send the id in an
 `x-art-rollout` header (`endpoint.rollout_id()`). `x-art-role` names the call's role, as `art.role(...)` does.
+
+With `record=LiveRecorder(store)` (capture/live.py), calls to the shared base URL that name no rollout are
+recorded as production traffic, and `POST /rewards/{trajectory_id}` (bearer `recorder.reward_key`) joins rewards.
 """
 
 from __future__ import annotations
@@ -45,12 +48,21 @@ class RecordingEndpoint:
     """Serves `/rollouts/{id}/v1/*` on 127.0.0.1 (a thread of its own) and forwards to `upstream` (`.../v1`)."""
 
     def __init__(
-        self, upstream: str, api_key: str | None = None, *, port: int = 0, request_token_ids: bool = True
+        self,
+        upstream: str,
+        api_key: str | None = None,
+        *,
+        port: int = 0,
+        request_token_ids: bool = True,
+        record: Any = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
         self.request_token_ids = request_token_ids
         self.port = port
+        self.recorder = record  # a LiveRecorder: record mode (see the module docstring)
+        if record is not None:
+            record.require_key()
         self._rollouts: dict[str, Trajectory] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -85,20 +97,23 @@ class RecordingEndpoint:
         from starlette.routing import Route
 
         methods = ["GET", "POST"]
-        return Starlette(
-            routes=[
-                Route("/rollouts/{rollout}/v1/{path:path}", self._forward, methods=methods),
-                Route("/v1/{path:path}", self._forward, methods=methods),
-            ]
-        )
+        routes = [
+            Route("/rollouts/{rollout}/v1/{path:path}", self._forward, methods=methods),
+            Route("/v1/{path:path}", self._forward, methods=methods),
+        ]
+        if self.recorder is not None:
+            routes.append(Route("/rewards/{trajectory_id}", self.recorder.reward_endpoint, methods=["POST"]))
+        return Starlette(routes=routes)
 
-    async def _forward(self, request: Any) -> Any:
+    async def _forward(self, request: Any, scratch: Trajectory | None = None) -> Any:
         from starlette.responses import JSONResponse, StreamingResponse
 
         path = request.path_params["path"]
         rollout = request.path_params.get("rollout") or request.headers.get("x-art-rollout", "")
+        if self.recorder is not None and scratch is None and not rollout:  # record mode: production traffic
+            return await self.recorder.record(request, lambda into: self._forward(request, into))
         with self._lock:
-            trajectory = self._rollouts.get(rollout)
+            trajectory = scratch if scratch is not None else self._rollouts.get(rollout)
         if trajectory is None or trajectory._sealed:
             return JSONResponse(
                 {"error": {"message": "no open rollout here: its capture scope ended, or the id is unknown"}},

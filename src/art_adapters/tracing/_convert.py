@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..trajectories import LLMCall, Message, Trajectory
+from ._records import CALL_KEY, TRAJECTORY_KEY, pack_call, pack_trajectory, trajectory_calls
 
 _PARAM_KEYS = (
     "temperature",
@@ -129,7 +130,9 @@ def model_name(call: LLMCall, step: int | None) -> str | None:
     return model
 
 
-def generation_obs(call: LLMCall, index: int, step: int | None, history: int | None = None) -> Obs:
+def generation_obs(
+    call: LLMCall, index: int, step: int | None, history: int | None = None, record: str | None = None
+) -> Obs:
     metadata: dict[str, Any] = {
         "call_index": index,
         "finish_reason": _finish_reason(call),
@@ -154,6 +157,8 @@ def generation_obs(call: LLMCall, index: int, step: int | None, history: int | N
         metadata["source"] = source
     if call.source.role:
         metadata["role"] = call.source.role
+    if record is not None:
+        metadata[CALL_KEY] = record
     return Obs(
         kind="generation",
         name="chat" if history is None else f"chat/history-{history}",
@@ -293,12 +298,20 @@ def plan_trace(
     project: str | None = None,
     session_id: str | None = None,
     tags: list[str] | None = None,
+    training_data: bool = True,
 ) -> TracePlan:
+    """`training_data`: each generation carries its call's training record, the root the trajectory's."""
     messages = trajectory.messages()
     calls = list(trajectory.llm_calls)
-    children = [generation_obs(c, i, step) for i, c in enumerate(calls)]
+    recorded = trajectory_calls(trajectory) if training_data else []
+    numbers = {id(c): k for k, c in enumerate(recorded)}
+    records = {id(c): pack_call(c, numbers[id(c)]) for c in recorded}
+    children = [generation_obs(c, i, step, record=records.pop(id(c), None)) for i, c in enumerate(calls)]
     for h, history in enumerate(trajectory.additional_histories):
-        children += [generation_obs(c, i, step, history=h) for i, c in enumerate(history.llm_calls)]
+        children += [
+            generation_obs(c, i, step, history=h, record=records.pop(id(c), None))
+            for i, c in enumerate(history.llm_calls)
+        ]
     start = min([trajectory.start_time] + [c.started_at for c in calls])
     end = max([trajectory.end_time or trajectory.start_time] + [c.ended_at for c in calls])
     tools = tool_obs(messages, calls, start, end)
@@ -337,6 +350,7 @@ def plan_trace(
             "llm_calls": len(calls),
             "messages": len(messages),
             **({"logs": trajectory.logs[-20:]} if trajectory.logs else {}),
+            **({TRAJECTORY_KEY: pack_trajectory(trajectory, recorded)} if training_data else {}),
         },
     )
     all_tags = ([split] if split else []) + ([f"step:{step}"] if step is not None else []) + list(tags or [])

@@ -14,13 +14,15 @@ import secrets
 import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from ..trajectories import Trajectory, TrajectoryGroup
 from ._convert import Obs, TracePlan, new_trace_id, plan_trace
 from ._dedupe import OURS, HandlerGenerations, install_recorder
+from ._records import CALL_KEY, SKIPPED_CALLS_KEY
+from ._sdk import ErrorCounter, Unreachable, flatten, quietly
+from .langfuse_import import ImportStats, TraceImport, import_trajectories
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,11 @@ class LangfuseExporter:
     `CallbackHandler` (or any other Langfuse instrumentation on the same key) already sent for the same call,
     matched by model and time window, and links them in the root's metadata; True leaves out every generation;
     False sends all. Make the exporter before the rollouts run, so it sees the handler's generations.
+
+    `training_data` (default True): each generation also carries its call's training record (token ids, sampled
+    logprobs, policy version, served model, source; packed, about 8 bytes per token, see README "Production data")
+    and the root the trajectory's, so `import_trajectories` gives back the Trajectory it was. False sends only
+    what people read.
     """
 
     def __init__(
@@ -53,8 +60,10 @@ class LangfuseExporter:
         timeout_s: float = 3.0,
         max_queue: int = 10_000,
         skip_generations: bool | Literal["auto"] = "auto",
+        training_data: bool = True,
     ) -> None:
         self.timeout_s = timeout_s
+        self.training_data = training_data
         self.project = project
         self.tags = list(tags or [])
         self.session_id = session_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -70,9 +79,9 @@ class LangfuseExporter:
         self._closed = False
         self._last_warning = 0.0
         self._sdk_thread: threading.Thread | None = None
-        self._errors = _ErrorCounter()
+        self._errors = ErrorCounter()
         self._handler_generations: HandlerGenerations | None = None
-        self._unreachable = _Unreachable(self, "Langfuse")
+        self._unreachable = Unreachable(self, "Langfuse")
         self._client = self._make_client(public_key, secret_key, base_url)
         self._worker = threading.Thread(target=self._run, name="art-langfuse-export", daemon=True)
         self._worker.start()
@@ -128,7 +137,7 @@ class LangfuseExporter:
         step = self.step if step is None else step
         split = self.split if split is None else split
         trace_ids: list[str] = []
-        for gi, ti, trajectory in _flatten(items, group_index):
+        for gi, ti, trajectory in flatten(items, group_index):
             trace_id = new_trace_id()
             job = (trajectory, trace_id, step, split, gi, ti)
             if self._closed or self._client is None:
@@ -231,6 +240,7 @@ class LangfuseExporter:
                     project=self.project,
                     session_id=self.session_id,
                     tags=self.tags,
+                    training_data=self.training_data,
                 )
                 self._emit(plan)
                 self.exported += 1
@@ -317,16 +327,23 @@ class LangfuseExporter:
             return plan.children
         kept: list[Obs] = []
         linked: list[str] = []
+        records: list[dict[str, Any]] = []  # the skipped generations' training records move to the root
         for obs in plan.children:
             if obs.kind != "generation" or obs.call is None:
                 kept.append(obs)
-            elif self.skip_generations is True:
+                continue
+            if self.skip_generations is True:
                 self.skipped_generations += 1
             elif self._handler_generations and (ids := self._handler_generations.match(obs.call)):
                 self.skipped_generations += 1
                 linked.append(ids)
             else:
                 kept.append(obs)
+                continue
+            if CALL_KEY in obs.metadata:
+                records.append({"record": obs.metadata[CALL_KEY], "messages": obs.input})
+        if records:
+            plan.root.metadata[SKIPPED_CALLS_KEY] = records
         if linked:
             plan.root.metadata["langfuse_generations"] = linked
         if self.skip_generations is True:
@@ -338,7 +355,7 @@ class LangfuseExporter:
         """Run a possibly blocking SDK call on a daemon thread; wait at most `timeout`."""
         if fresh or self._sdk_thread is None or not self._sdk_thread.is_alive():
             self._sdk_thread = threading.Thread(
-                target=_quietly, args=(fn,), name=f"art-langfuse-{what}", daemon=True
+                target=quietly, args=(fn,), name=f"art-langfuse-{what}", daemon=True
             )
             self._sdk_thread.start()
         self._sdk_thread.join(timeout)
@@ -359,69 +376,4 @@ class LangfuseExporter:
             log.debug(message)
 
 
-def _quietly(fn: Any) -> None:
-    try:
-        fn()
-    except Exception as error:
-        log.warning("Langfuse SDK call failed: %r", error)
-
-
-def _flatten(items: Exportable, group_index: int | None) -> list[tuple[int | None, int | None, Trajectory]]:
-    if isinstance(items, Trajectory):
-        return [(group_index, None, items)]
-    if isinstance(items, TrajectoryGroup):
-        return [(group_index, i, t) for i, t in enumerate(items.trajectories)]
-    out: list[tuple[int | None, int | None, Trajectory]] = []
-    for gi, item in enumerate(items):
-        if isinstance(item, TrajectoryGroup):
-            out += [(gi, i, t) for i, t in enumerate(item.trajectories)]
-        elif isinstance(item, Trajectory):
-            out.append((group_index, gi, item))
-    return out
-
-
-class _Unreachable(logging.Filter):
-    """Takes the OpenTelemetry exporter's per-batch retry and failure lines off the log: the first one becomes a
-    single warning that Langfuse is not answering; the rest are only counted. It stays on those loggers after
-    `close()` (the SDK's bounded shutdown may still be retrying in its own thread)."""
-
-    LOGGERS = (
-        "opentelemetry.exporter.otlp.common.http",
-        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    )
-
-    def __init__(self, exporter: LangfuseExporter, url: str) -> None:
-        super().__init__()
-        self.exporter = exporter
-        self.url = url
-        self.failures = 0
-        self.said = False
-
-    def install(self) -> None:
-        for name in self.LOGGERS:
-            logging.getLogger(name).addFilter(self)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        self.failures += 1
-        if not self.said:
-            self.said = True
-            self.exporter._say_unreachable(self.url)
-        return False
-
-
-class _ErrorCounter(logging.Handler):
-    """Collects the errors the Langfuse SDK logs (failed exports), so `flush()` can report them."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.ERROR)
-        self._messages: deque[str] = deque(maxlen=100)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._messages.append(record.getMessage()[:300])
-
-    def take(self) -> list[str]:
-        out = list(self._messages)
-        self._messages.clear()
-        return out
+__all__ = ["ImportStats", "LangfuseExporter", "TraceImport", "import_trajectories"]

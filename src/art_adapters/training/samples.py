@@ -265,18 +265,7 @@ def _aligned(logprobs: list[float] | None, n: int) -> list[float]:
 
 
 def sft_samples(trajectory: Trajectory, tokenizer: ChatTokenizer) -> list[Sample]:
-    """Supervised data: each assistant turn re-rendered by the chat template (fine here: nothing was sampled)."""
-    samples: list[Sample] = []
-    histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
-    for history in histories:
-        messages = history.messages()
-        for i, message in enumerate(messages):
-            turn = (
-                rendered_turn(tokenizer, messages, i, history.tools)
-                if message.get("role") == "assistant"
-                else None
-            )
-            if turn is not None:
-                prefix, completion = turn
-                samples.append(Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text"))
-    return samples
+    """Supervised data: each assistant turn as it was sampled where its token ids were recorded (exact, as the
+    engine produced them), re-rendered by the chat template otherwise (a turn without ids: plain messages,
+    foreign traces)."""
+    return samples_of(trajectory, tokenizer, train_retokenized_text=True)

@@ -1,0 +1,229 @@
+"""Record mode: every call a production agent makes through the recording endpoint or `serve` is stored as part of a
+trajectory, and `POST /rewards/{trajectory_id}` joins the reward that arrives minutes or days later.
+
+The client names the trajectory with an `x-art-trajectory` header, or one is opened per conversation (a call whose
+messages continue an earlier call's messages and answer joins that call's trajectory); every answer carries the
+trajectory's id in `x-art-trajectory`. `x-art-group` files the trajectory under a group key (the same task, the
+same prompt) for training. Calls are redacted (`redact`, default: keys and Authorization headers dropped) before
+they are stored; `retention` bounds the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import math
+import secrets
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..redaction import Redactor, apply, drop_secrets
+from ..store import RewardConflict, TrajectoryStore, open_store
+from ..store.sql import check_id
+from ..trajectories import Trajectory
+from .conversations import message_key
+from .scope import CURRENT
+
+log = logging.getLogger(__name__)
+
+TRAJECTORY_HEADER, GROUP_HEADER = "x-art-trajectory", "x-art-group"
+MAX_REWARD_BODY = 64 * 1024
+MAX_REWARD_FIELDS = 64
+
+
+@dataclass
+class Retention:
+    """How long and how much the store keeps (checked every `every_calls` recorded calls)."""
+
+    max_age_s: float | None = 30 * 24 * 3600.0
+    max_trajectories: int | None = 1_000_000
+    every_calls: int = 1000
+
+
+class LiveRecorder:
+    """The record mode shared by `RecordingEndpoint(..., record=...)` and `art-adapters serve --record URL`."""
+
+    def __init__(
+        self,
+        store: TrajectoryStore | str,
+        *,
+        redact: Redactor | None = drop_secrets,
+        retention: Retention | None = None,
+        reward_key: str | None = None,
+        max_conversations: int = 100_000,
+    ) -> None:
+        self.store = open_store(store) if isinstance(store, str) else store
+        self.redact = redact
+        self.retention = retention or Retention()
+        self.reward_key = reward_key
+        self.max_conversations = max_conversations
+        self.recorded = 0
+        self.failed = 0
+        self._conversations: OrderedDict[str, str] = OrderedDict()  # conversation key -> trajectory id
+
+    def require_key(self) -> str:
+        """The key `POST /rewards/...` needs (made now if none was given)."""
+        if not self.reward_key:
+            self.reward_key = secrets.token_urlsafe(24)
+        return self.reward_key
+
+    # ---- recording ---------------------------------------------------------------------------------------------
+    async def record(self, request: Any, forward: Callable[[Trajectory], Awaitable[Any]]) -> Any:
+        """Forward the request (`forward(scratch)` returns the ASGI response; the call is captured into
+        `scratch`) and store the call under its trajectory once the answer has been sent."""
+        from starlette.responses import JSONResponse, Response
+
+        named = request.headers.get(TRAJECTORY_HEADER)
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            body = {}
+        messages = body.get("messages") if isinstance(body, dict) else None
+        try:
+            trajectory_id = check_id(named) if named else self._conversation(messages)
+            group = request.headers.get(GROUP_HEADER)
+            if group is not None and not 0 < len(group) <= 256:
+                raise ValueError("x-art-group is 1-256 characters")
+        except ValueError as error:
+            return JSONResponse({"error": {"message": str(error)}}, status_code=400)
+        scratch = Trajectory()
+        inner = await forward(scratch)
+        metadata = {"group": group} if group else None
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            stored = False
+
+            async def tagged(message: dict[str, Any]) -> None:
+                nonlocal stored
+                if message["type"] == "http.response.start":
+                    headers = list(message.get("headers") or [])
+                    headers.append((TRAJECTORY_HEADER.encode(), trajectory_id.encode()))
+                    message = {**message, "headers": headers}
+                elif message["type"] == "http.response.body" and not message.get("more_body") and not stored:
+                    stored = True  # before the answer ends: the agent's next call finds this conversation
+                    await self._store(trajectory_id, scratch, messages, metadata)
+                await send(message)
+
+            token = CURRENT.set(scratch)
+            try:
+                await inner(scope, receive, tagged)
+            finally:
+                CURRENT.reset(token)
+                if not stored:
+                    await self._store(trajectory_id, scratch, messages, metadata)
+
+        class Recorded(Response):  # a Response to FastAPI, the wrapped ASGI app when it runs
+            def __init__(self) -> None:
+                self.background = None
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                await app(scope, receive, send)
+
+        return Recorded()
+
+    def _conversation(self, messages: Any) -> str:
+        """The open trajectory this conversation continues, or a new id."""
+        if isinstance(messages, list):
+            keys = [message_key(m) for m in messages if isinstance(m, dict)]
+            for end in range(len(keys) - 1, 0, -1):
+                found = self._conversations.get(_digest(keys[:end]))
+                if found is not None:
+                    return found
+        return secrets.token_hex(16)
+
+    async def _store(
+        self, trajectory_id: str, scratch: Trajectory, messages: Any, metadata: dict[str, Any] | None
+    ) -> None:
+        try:
+            kept = apply(self.redact, scratch)
+            for call in kept.llm_calls if kept is not None else []:
+                await asyncio.to_thread(self.store.add_call, trajectory_id, call, metadata)
+                self.recorded += 1
+                answer = call.response_message()
+                if isinstance(messages, list) and answer is not None:
+                    key = _digest([message_key(m) for m in [*messages, answer] if isinstance(m, dict)])
+                    self._conversations[key] = trajectory_id
+                    self._conversations.move_to_end(key)
+                    while len(self._conversations) > self.max_conversations:
+                        self._conversations.popitem(last=False)
+                if self.recorded % self.retention.every_calls == 0:
+                    await asyncio.to_thread(
+                        self.store.prune,
+                        max_age_s=self.retention.max_age_s,
+                        max_trajectories=self.retention.max_trajectories,
+                    )
+        except Exception:  # the agent got its answer; a store that fails is logged, never raised at it
+            self.failed += 1
+            log.exception("record mode: storing a call of trajectory %s failed", trajectory_id)
+
+    # ---- rewards -----------------------------------------------------------------------------------------------
+    async def reward_endpoint(self, request: Any) -> Any:
+        """`POST /rewards/{trajectory_id}` with `{"reward": 1.0, "metrics": {...}, "metadata": {...}}`: 200 set or
+        unchanged (idempotent), 404 unknown trajectory, 409 a different reward was already set, 400 bad body,
+        401 bad key, 413 body too large."""
+        from starlette.responses import JSONResponse
+
+        def answer(code: int, **body: Any) -> Any:
+            return JSONResponse(body, status_code=code)
+
+        if self.reward_key:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.reward_key.encode()
+            ):
+                return answer(401, detail="bad or missing API key")
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_REWARD_BODY):
+            return answer(413, detail=f"a reward's body is at most {MAX_REWARD_BODY} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_REWARD_BODY:
+                return answer(413, detail=f"a reward's body is at most {MAX_REWARD_BODY} bytes")
+        trajectory_id = request.path_params["trajectory_id"]
+        try:
+            check_id(trajectory_id)
+            reward, metrics, metadata = _reward_body(raw)
+        except ValueError as error:
+            return answer(400, detail=str(error))
+        try:
+            outcome = await asyncio.to_thread(self.store.set_reward, trajectory_id, reward, metrics, metadata)
+        except KeyError:
+            return answer(404, detail=f"no recorded trajectory {trajectory_id!r}")
+        except RewardConflict as error:
+            return answer(409, detail=str(error))
+        return answer(200, trajectory_id=trajectory_id, status=outcome)
+
+
+def _digest(keys: list[Any]) -> str:
+    return hashlib.sha1(repr(keys).encode()).hexdigest()
+
+
+def _reward_body(raw: bytes) -> tuple[float, dict[str, float], dict[str, Any]]:
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as error:
+        raise ValueError(f"the body is not JSON: {error}") from error
+    if not isinstance(body, dict) or "reward" not in body:
+        raise ValueError('the body is {"reward": NUMBER, "metrics": {...}, "metadata": {...}}')
+    reward = body["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise ValueError(f"reward must be a finite number, not {reward!r}")
+    metrics = body.get("metrics") or {}
+    metadata = body.get("metadata") or {}
+    if not isinstance(metrics, dict) or not isinstance(metadata, dict):
+        raise ValueError("metrics and metadata are objects")
+    if len(metrics) > MAX_REWARD_FIELDS or len(metadata) > MAX_REWARD_FIELDS:
+        raise ValueError(f"at most {MAX_REWARD_FIELDS} metrics and {MAX_REWARD_FIELDS} metadata fields")
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"metric {name!r} must be a finite number, not {value!r}")
+    for name, value in metadata.items():
+        if not isinstance(value, str | int | float | bool) or (isinstance(value, str) and len(value) > 1024):
+            raise ValueError(f"metadata {name!r} must be a scalar (strings up to 1024 characters)")
+    return float(reward), {k: float(v) for k, v in metrics.items()}, metadata

@@ -1,0 +1,322 @@
+"""Langfuse traces back into Trajectories, through the SDK's own client (`GET /api/public/v2/observations`, cursor
+pages; `GET /api/public/v3/scores`), one page of traces in memory at a time.
+
+Our own traces (written by `LangfuseExporter`, training data on) come back as the Trajectories they were: token
+ids, logprobs, policy versions, served models, sources, histories and reward. Any other trace (Langfuse's
+`langfuse.openai` wrapper, its LangChain `CallbackHandler`, anything else with generations) becomes a Trajectory of
+chat calls without sampled token ids, flagged `metadata["sampled_token_ids"] = False`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..redaction import Redactor, apply, drop_secrets
+from ..trajectories import LLMCall, Trajectory
+from ._foreign import (
+    Rewarder,
+    RewardFn,
+    answer_message,
+    chat_messages,
+    foreign_call,
+    foreign_trajectory,
+    parsed,
+)
+from ._langfuse_read import Reader
+from ._records import (
+    CALL_KEY,
+    SKIPPED_CALLS_KEY,
+    TRAJECTORY_KEY,
+    RecordError,
+    unpack_call,
+    unpack_trajectory,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ImportStats(BaseModel):
+    """What an import read and what it did with it."""
+
+    pages: int = 0
+    traces: int = 0
+    imported: int = 0
+    own: int = 0  # traces we wrote, back with their token ids
+    foreign: int = 0  # traces without training records: no sampled token ids
+    damaged_records: int = 0  # own traces whose records did not read back (imported as foreign)
+    skipped_no_reward: int = 0
+    skipped_by_score: int = 0
+    skipped_no_calls: int = 0
+    skipped_by_redaction: int = 0
+
+
+class TraceImport:
+    """An iterable of the imported Trajectories (streamed page by page; iterate once) and its `stats`."""
+
+    def __init__(self, pages: Iterator[Trajectory], stats: ImportStats) -> None:
+        self._items = pages
+        self.stats = stats
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return self._items
+
+    def to_list(self) -> list[Trajectory]:
+        return list(self._items)
+
+
+def import_trajectories(
+    public_key: str | None = None,
+    secret_key: str | None = None,
+    base_url: str | None = None,
+    *,
+    name: str | None = None,
+    tags: list[str] | None = None,
+    session_id: str | None = None,
+    user_id: str | None = None,
+    from_time: datetime | None = None,
+    to_time: datetime | None = None,
+    reward: str | RewardFn | None = "reward",
+    categories: Mapping[str, Mapping[str, float]] | None = None,
+    min_scores: Mapping[str, float] | None = None,
+    missing_reward: float | None = None,
+    limit: int | None = None,
+    page_size: int = 100,
+    redact: Redactor | None = drop_secrets,
+    progress: bool = True,
+    timeout_s: float = 60.0,
+    client: Any = None,
+) -> TraceImport:
+    """Read traces from Langfuse as Trajectories (streamed: at most `page_size` traces in memory at once).
+
+    Selects traces by trace `name`, `tags` (all of them), `session_id`, `user_id` and start time in
+    [`from_time`, `to_time`). Scores become the reward: the score named `reward` (default "reward", which the
+    exporter writes), or `reward(scores)` combining several (scores as numbers: numeric as is, boolean 1/0,
+    categorical through `categories[name][category]`); an own trace with no such score keeps its recorded reward,
+    any other gets `missing_reward` or is skipped (counted). `min_scores` keeps only traces whose named scores
+    are at least the given values. `redact` runs on each trajectory before it is yielded (default: API keys and
+    Authorization headers dropped; None keeps everything). Keys and URL fall back to LANGFUSE_PUBLIC_KEY,
+    LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL / LANGFUSE_HOST; `client` may be a ready `langfuse.Langfuse`.
+    """
+    if not 1 <= page_size <= 100:
+        raise ValueError(f"page_size is 1..100 (Langfuse's score API pages at most 100), not {page_size}")
+    if client is None:
+        client = _client(public_key, secret_key, base_url, timeout_s)
+    stats = ImportStats()
+    rewarder = Rewarder(reward, categories)
+    conditions = _filter(name, tags, session_id, user_id, from_time, to_time)
+    reader = Reader(client.api, {"timeout_in_seconds": timeout_s, "max_retries": 2})
+
+    def trajectories() -> Iterator[Trajectory]:
+        bar = _progress(progress, limit)
+        try:
+            for roots in reader.root_pages(conditions, page_size, limit):
+                stats.pages += 1
+                ids = [r["traceId"] for r in roots]
+                children = reader.observations(ids)
+                scores = reader.scores(ids)
+                for root in roots:
+                    stats.traces += 1
+                    trajectory = _build(root, children.get(root["traceId"], []), stats)
+                    if trajectory is None:
+                        stats.skipped_no_calls += 1
+                    elif _rewarded(
+                        trajectory,
+                        scores.get(root["traceId"], []),
+                        rewarder,
+                        stats,
+                        min_scores,
+                        missing_reward,
+                    ):
+                        kept = apply(redact, trajectory)
+                        if kept is None:
+                            stats.skipped_by_redaction += 1
+                        else:
+                            stats.imported += 1
+                            yield kept
+                    if bar is not None:
+                        bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    return TraceImport(trajectories(), stats)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------------
+
+
+def _filter(
+    name: str | None,
+    tags: list[str] | None,
+    session_id: str | None,
+    user_id: str | None,
+    from_time: datetime | None,
+    to_time: datetime | None,
+) -> list[dict[str, Any]]:
+    """One `filter` (it takes precedence over the query's filters, so everything goes in it)."""
+    out: list[dict[str, Any]] = [
+        {"type": "boolean", "column": "isRootObservation", "operator": "=", "value": True}
+    ]
+    for column, value in (("traceName", name), ("sessionId", session_id), ("userId", user_id)):
+        if value is not None:
+            out.append({"type": "string", "column": column, "operator": "=", "value": value})
+    if tags:
+        out.append({"type": "arrayOptions", "column": "tags", "operator": "all of", "value": list(tags)})
+    for operator, when in ((">=", from_time), ("<", to_time)):
+        if when is not None:
+            out.append(
+                {"type": "datetime", "column": "startTime", "operator": operator, "value": when.isoformat()}
+            )
+    return out
+
+
+# ---- building --------------------------------------------------------------------------------------------------
+
+
+def _build(root: dict[str, Any], observations: list[dict[str, Any]], stats: ImportStats) -> Trajectory | None:
+    metadata = root.get("metadata") or {}
+    if TRAJECTORY_KEY in metadata:
+        try:
+            trajectory = _own(root, observations)
+            stats.own += 1
+            return trajectory
+        except (RecordError, KeyError, ValueError) as error:
+            stats.damaged_records += 1
+            log.warning(
+                "trace %s: its training record does not read back (%s); imported without token ids",
+                root["traceId"],
+                error,
+            )
+    generations = [o for o in observations if o.get("type") == "GENERATION"]
+    if not generations:
+        return None
+    calls = [_foreign_call(g) for g in generations]
+    stats.foreign += 1
+    return foreign_trajectory(
+        calls,
+        source=_tracer(observations),
+        trace_id=root["traceId"],
+        metadata={
+            "trace_name": root.get("traceName"),
+            "session_id": root.get("sessionId"),
+            "user_id": root.get("userId"),
+        },
+    )
+
+
+def _own(root: dict[str, Any], observations: list[dict[str, Any]]) -> Trajectory:
+    calls: dict[int, LLMCall] = {}
+    mismatched = 0
+    entries = [(o.get("metadata", {}).get(CALL_KEY), parsed(o.get("input"))) for o in observations]
+    skipped = root["metadata"].get(SKIPPED_CALLS_KEY)
+    if skipped:
+        skipped = parsed(skipped) if isinstance(skipped, str) else skipped
+        entries += [(e.get("record"), e.get("messages")) for e in skipped]
+    for record, messages in entries:
+        if record is None:
+            continue
+        index, call, matched = unpack_call(record, messages)
+        calls.setdefault(index, call)
+        mismatched += not matched
+    trajectory = unpack_trajectory(root["metadata"][TRAJECTORY_KEY], calls)
+    trajectory.metadata.setdefault("trace_id", root["traceId"])
+    trajectory.metadata["trace_source"] = "art_adapters"
+    if mismatched:  # masked or truncated inputs: the messages are not the ones sampled from
+        trajectory.metadata["messages_mismatch"] = mismatched
+        log.warning(
+            "trace %s: %d generations' inputs differ from what was sent (masked?)",
+            root["traceId"],
+            mismatched,
+        )
+    return trajectory
+
+
+def _foreign_call(generation: dict[str, Any]) -> LLMCall:
+    messages = chat_messages(generation.get("input")) or []
+    start = generation.get("startTime") or 0.0
+    return foreign_call(
+        messages,
+        answer_message(generation.get("output")),
+        model=generation.get("model"),
+        started_at=start,
+        ended_at=generation.get("endTime") or start,
+        parameters=generation.get("modelParameters")
+        if isinstance(generation.get("modelParameters"), dict)
+        else None,
+        usage=generation.get("usageDetails"),
+        error=generation.get("statusMessage") if generation.get("level") == "ERROR" else None,
+    )
+
+
+def _tracer(observations: list[dict[str, Any]]) -> str:
+    names = {str(o.get("name") or "") for o in observations}
+    if any(n.startswith("OpenAI-generation") for n in names):
+        return "langfuse.openai"
+    metadata = [o.get("metadata") or {} for o in observations]
+    if any("ls_provider" in m or "langgraph_node" in m for m in metadata) or any(
+        n in {"ChatOpenAI", "RunnableSequence", "LangGraph"} for n in names
+    ):
+        return "langchain"
+    return "langfuse"
+
+
+def _rewarded(
+    trajectory: Trajectory,
+    scores: list[tuple[str, Any, str]],
+    rewarder: Rewarder,
+    stats: ImportStats,
+    min_scores: Mapping[str, float] | None,
+    missing: float | None,
+) -> bool:
+    numbers = rewarder.numbers(scores)
+    for name, least in (min_scores or {}).items():
+        if numbers.get(name, -math.inf) < least:
+            stats.skipped_by_score += 1
+            return False
+    reward = rewarder(numbers)
+    own = trajectory.metadata.get("trace_source") == "art_adapters"
+    if reward is None and own and math.isfinite(trajectory.reward):
+        return True
+    if reward is None:
+        if missing is None:
+            stats.skipped_no_reward += 1
+            return False
+        reward = missing
+    trajectory.reward = reward
+    if not own:
+        trajectory.metrics.update(numbers)
+    return True
+
+
+def _client(public_key: str | None, secret_key: str | None, base_url: str | None, timeout_s: float) -> Any:
+    try:
+        from langfuse import Langfuse
+    except ImportError as error:
+        raise ImportError(
+            "importing from Langfuse needs `pip install langfuse` (or art-adapters[langfuse])"
+        ) from error
+    public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
+    secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
+    base_url = base_url or os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST")
+    if not public_key or not secret_key:
+        raise ValueError(
+            "Langfuse keys missing: pass public_key/secret_key or set LANGFUSE_PUBLIC_KEY/SECRET_KEY"
+        )
+    return Langfuse(
+        public_key=public_key, secret_key=secret_key, base_url=base_url, timeout=max(1, round(timeout_s))
+    )
+
+
+def _progress(show: bool, total: int | None) -> Any:
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Importing traces", unit="trace")

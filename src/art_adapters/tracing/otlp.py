@@ -1,0 +1,135 @@
+"""OTLP trace export requests (OTLP/JSON files or bodies, OTLP/protobuf bodies, gzip or not) as plain span dicts:
+ids in hex, times in ns, attributes and event attributes as Python values."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+Span = dict[str, Any]
+
+
+class OTLPError(ValueError):
+    """A body or file that is not an OTLP trace export request."""
+
+
+def decode_request(body: bytes, content_type: str = "application/json", encoding: str = "") -> list[Span]:
+    """The spans of one `ExportTraceServiceRequest` (JSON or protobuf by `content_type`)."""
+    if encoding.lower() == "gzip" or body[:2] == b"\x1f\x8b":
+        try:
+            body = gzip.decompress(body)
+        except (OSError, EOFError) as error:
+            raise OTLPError(f"gzip body does not decompress: {error}") from error
+    if "protobuf" in content_type.lower():
+        return spans_of(_protobuf_as_json(body), ids="base64")
+    try:
+        data = json.loads(body)
+    except ValueError as error:
+        raise OTLPError(f"not OTLP/JSON: {error}") from error
+    return spans_of(data)
+
+
+def read_files(paths: list[str | Path]) -> list[Span]:
+    """Spans of OTLP/JSON files: one export request per file, or one per line (the OTel Collector's file
+    exporter writes JSON lines)."""
+    spans: list[Span] = []
+    for path in paths:
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            spans += spans_of(json.loads(text))
+        except ValueError:
+            for number, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        spans += spans_of(json.loads(line))
+                    except ValueError as error:
+                        raise OTLPError(f"{path} line {number}: not OTLP/JSON ({error})") from error
+    return spans
+
+
+def spans_of(data: Any, ids: str = "hex") -> list[Span]:
+    """Flatten `{"resourceSpans": [...]}` into span dicts."""
+    if not isinstance(data, dict) or not isinstance(data.get("resourceSpans", []), list):
+        raise OTLPError("an OTLP trace export request is an object with a 'resourceSpans' list")
+    out: list[Span] = []
+    for resource_spans in data.get("resourceSpans") or []:
+        resource = attributes_of((resource_spans.get("resource") or {}).get("attributes"))
+        for scope_spans in resource_spans.get("scopeSpans") or []:
+            scope = (scope_spans.get("scope") or {}).get("name", "")
+            for span in scope_spans.get("spans") or []:
+                if not isinstance(span, dict) or not span.get("traceId") or not span.get("spanId"):
+                    raise OTLPError("every OTLP span has a traceId and a spanId")
+                out.append(
+                    {
+                        "trace_id": _hex(span["traceId"], ids),
+                        "span_id": _hex(span["spanId"], ids),
+                        "parent_span_id": _hex(span.get("parentSpanId") or "", ids) or None,
+                        "name": span.get("name", ""),
+                        "start_ns": int(span.get("startTimeUnixNano") or 0),
+                        "end_ns": int(span.get("endTimeUnixNano") or 0),
+                        "attributes": attributes_of(span.get("attributes")),
+                        "events": [
+                            {
+                                "name": e.get("name", ""),
+                                "time_ns": int(e.get("timeUnixNano") or 0),
+                                "attributes": attributes_of(e.get("attributes")),
+                            }
+                            for e in span.get("events") or []
+                        ],
+                        "status": (span.get("status") or {}).get("code"),
+                        "scope": scope,
+                        "resource": resource,
+                    }
+                )
+    return out
+
+
+def attributes_of(items: Any) -> dict[str, Any]:
+    return {
+        kv["key"]: value_of(kv.get("value")) for kv in items or [] if isinstance(kv, dict) and "key" in kv
+    }
+
+
+def value_of(value: Any) -> Any:
+    """An OTLP AnyValue as a Python value (int64 comes as a string in OTLP/JSON)."""
+    if not isinstance(value, dict) or not value:
+        return None
+    kind, inner = next(iter(value.items()))
+    if kind == "intValue":
+        return int(inner)
+    if kind == "doubleValue":
+        return float(inner)
+    if kind == "arrayValue":
+        return [value_of(v) for v in (inner or {}).get("values") or []]
+    if kind == "kvlistValue":
+        return attributes_of((inner or {}).get("values"))
+    if kind == "bytesValue":
+        return base64.b64decode(inner).hex()
+    return inner
+
+
+def _hex(value: str, ids: str) -> str:
+    if not value:
+        return ""
+    if ids == "base64":  # protobuf bytes, as json_format writes them
+        return base64.b64decode(value).hex()
+    return value.lower()
+
+
+def _protobuf_as_json(body: bytes) -> dict[str, Any]:
+    try:
+        from google.protobuf.json_format import MessageToDict
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    except ImportError as error:
+        raise OTLPError(
+            "OTLP/protobuf needs `pip install opentelemetry-proto` (OTLP/JSON does not)"
+        ) from error
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except Exception as error:  # protobuf's DecodeError
+        raise OTLPError(f"not an OTLP/protobuf ExportTraceServiceRequest: {error}") from error
+    return MessageToDict(request)
