@@ -218,7 +218,7 @@ async def test_serve_record_mode(tmp_path: Path) -> None:
 
 
 async def test_the_store_feeds_the_async_pipeline(tmp_path: Path) -> None:
-    from test_pipeline import TimedBackend
+    from pipeline_fakes import TimedBackend
 
     store = open_store(tmp_path / "feed.db")
     for k in range(
@@ -237,14 +237,8 @@ async def test_the_store_feeds_the_async_pipeline(tmp_path: Path) -> None:
         store, key="group", min_size=2, max_size=2, wait_s=0.0, poll_s=0.01, idle_s=0.3, max_staleness=2
     )
     source.current_step = 5
-    pipeline = Pipeline(
-        model,
-        source.rollout,
-        source.groups(),
-        on_step=source.on_step,
-        resume=False,
-        pipeline=PipelineConfig(rollout_workers=1, groups_per_step=1, max_steps_off_policy=8),
-    )
+    config = PipelineConfig(rollout_workers=1, groups_per_step=1, max_steps_off_policy=8)
+    pipeline = Pipeline(model, source.rollout, source, on_step=source.on_step, pipeline=config)
     reports = await asyncio.wait_for(pipeline.run(), 60)
     trained = [
         t.metadata["trajectory_id"] for batch in backend.batches for g in batch for t in g.trajectories
@@ -256,3 +250,9 @@ async def test_the_store_feeds_the_async_pipeline(tmp_path: Path) -> None:
         and source.stats.skipped_alone == 1
     )
     assert store.counts()["trained"] == 8  # trained or skipped: none is claimed again
+    for k in range(2):  # more traffic; a resumed run skips none of it (the store keeps the source's progress)
+        store.add_call(f"d{k}", call(f"qd{k}", version=7), {"group": "d"})
+        store.set_reward(f"d{k}", float(k))
+    again = Pipeline(model, source.rollout, source, on_step=source.on_step, pipeline=config)
+    assert len(await asyncio.wait_for(again.run(), 60)) == 1
+    assert {t.metadata["trajectory_id"] for g in backend.batches[-1] for t in g.trajectories} == {"d0", "d1"}

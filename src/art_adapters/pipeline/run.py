@@ -54,6 +54,8 @@ class Pipeline(Generic[S]):
         self.model = model
         self.rollout = rollout
         self.scenarios = _aiter(scenarios)
+        # a source that keeps its own progress (a trajectory store) is not skipped into on resume
+        self.skips_on_resume = not getattr(scenarios, "resumes_itself", False)
         self.config = config or TrainConfig()
         self.pipeline = pipeline or PipelineConfig()
         self.eval_fn = eval_fn
@@ -102,7 +104,8 @@ class Pipeline(Generic[S]):
         logged = max(int(saved.get("training_step", start)), last_logged_step(self.model))
         for lost in range(logged + 1, start + 1):  # its checkpoint was saved, its row never written: say so
             await self.model.log(None, split="train", step=lost, metrics={"metrics_lost_in_crash": 1.0})
-        await self._skip(offset)
+        if self.skips_on_resume:
+            await self._skip(offset)
         self._warn_if_rollouts_pause()
         if self.eval_fn is not None and self.pipeline.eval_at_start:
             self._schedule_eval(start)

@@ -6,7 +6,7 @@
   fixture environment) for ordinary GRPO rollouts, `replay_rollout(...)`.
 - Off-policy RL on the recorded traffic itself: `groups_by_key(...)` (recorded logprobs as the behaviour policy,
   recorded versions for staleness), or `StoreSource` to train continuously from a trajectory store as rewards
-  arrive (`train_async(model, source.rollout, source.groups(), on_step=source.on_step, resume=False)`).
+  arrive (`train_async(model, source.rollout, source, on_step=source.on_step)`).
 """
 
 from .groups import GroupStats, best_traces, groups_by_key

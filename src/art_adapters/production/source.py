@@ -3,7 +3,9 @@ served, as rewards arrive. Rewarded trajectories are claimed, grouped by key, an
 already-finished groups (the "rollout" returns them); each step's trajectories are marked trained.
 
     source = StoreSource(store, key="group")
-    await art.train_async(model, source.rollout, source.groups(), on_step=source.on_step, resume=False)
+    await art.train_async(model, source.rollout, source, on_step=source.on_step)
+
+The source keeps its own progress (the store's claims), so a resumed run skips none of its groups.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class StoreSource:
     done); trajectories without a key, or sampled more than `max_staleness` steps before the model's current step,
     are skipped and counted too. `groups()` ends after `idle_s` without a new reward (None: never; it then
     trains for as long as traffic comes)."""
+
+    resumes_itself = True  # the pipeline's resume skips no scenario of ours: the store knows what was trained
 
     def __init__(
         self,
@@ -57,6 +61,9 @@ class StoreSource:
         """Mark the step's trajectories trained (they will not be claimed again)."""
         ids = [str(t.metadata["trajectory_id"]) for g in batch for t in g.trajectories]
         await asyncio.to_thread(self.store.mark_trained, ids)
+
+    def __aiter__(self) -> AsyncIterator[TrajectoryGroup]:
+        return self.groups()
 
     async def groups(self) -> AsyncIterator[TrajectoryGroup]:
         last_reward = time.monotonic()
