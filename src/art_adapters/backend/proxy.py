@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
 from ..inference.requests import RequestLimits, RequestRejected, parse_request
+from ..untrusted import parse_step
 from .base import InferenceEndpoint
 
 
@@ -153,6 +154,8 @@ class InferenceProxy:
             route = self.routes.get(next(iter(keys))) if keys else None
         if route is None:
             return f"model {requested!r} is not registered on this server"
+        if at and parse_step(step) is None:  # ASCII digits only: `model@²` is no step
+            return f"model {requested!r} is not registered on this server (no such step)"
         return route, route.endpoint.model_name + (f"@{step}" if at else "")
 
     # ---- forwarding ------------------------------------------------------------------------------------------

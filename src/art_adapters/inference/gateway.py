@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..calls import SERVED_HEADER, VERSION_HEADER
+from ..untrusted import parse_step
 from .forward import Forwarded, end_to_end_headers, openai_error
 from .process import find_free_port
 from .requests import RequestLimits, RequestRejected, parse_request
@@ -258,9 +259,10 @@ class Gateway:
             return f"model {requested!r} is not served here"
         if not step_text:
             return model, model.versions[model.newest]
-        if not step_text.isdigit() or int(step_text) not in model.versions:
+        step = parse_step(step_text)
+        if step is None or step not in model.versions:
             return f"model {requested!r} is not served here (no such step)"
-        return model, model.versions[int(step_text)]
+        return model, model.versions[step]
 
     async def handle(self, request: Request) -> Response:
         path = request.path_params["path"]

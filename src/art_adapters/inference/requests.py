@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..untrusted import nesting_depth
+
 # Fields vLLM accepts that steer the engine itself rather than sampling, and that no rollout needs:
 # disaggregated-prefill / encoder-cache transfer state (a deeply nested one kills the engine while it pickles the
 # scheduler output), extension arguments, engine request ids (another request's id can collide with it), and a
@@ -104,22 +106,3 @@ def _count(payload: dict[str, Any], key: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise RequestRejected(400, f"{key!r} must be a non-negative integer, not {value!r}")
     return value
-
-
-def nesting_depth(value: Any, stop_at: int) -> int:
-    """Depth of nested lists/objects (a scalar is 0), counted without recursion; stops counting past `stop_at`."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > stop_at:
-            return deepest
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..trajectories import Trajectory, write_jsonl
+from ..untrusted import parse_step
 
 _TEMP_PREFIX = ".tmp-"
 
@@ -35,7 +36,8 @@ def list_steps(model_dir: str | Path) -> list[int]:
     root = checkpoints_dir(model_dir)
     if not root.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    steps = (parse_step(p.name) for p in root.iterdir() if p.is_dir())
+    return sorted(step for step in steps if step is not None)
 
 
 def latest_step(model_dir: str | Path) -> int:
