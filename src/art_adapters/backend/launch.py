@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from collections.abc import Iterable
 
@@ -12,6 +13,7 @@ from .base import Backend
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
 INFERENCE_KEY_ENV = "ART_ADAPTERS_INFERENCE_KEY"
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+log = logging.getLogger("art_adapters.server")
 
 
 def is_loopback(host: str) -> bool:
@@ -60,6 +62,12 @@ def serve(
     check_bind(host, api_key)
     if inference_key and not api_key:
         raise SystemExit("art-adapters serve: --inference-key needs an admin --api-key too")
+    if not api_key:
+        log.warning(
+            "art-adapters serve: no API key, so every local user of this machine can train, delete and sample "
+            "(web pages cannot: only loopback Host names are answered); set %s on a shared machine",
+            API_KEY_ENV,
+        )
     import uvicorn
 
     limits = limits or RequestLimits()
