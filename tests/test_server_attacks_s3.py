@@ -26,6 +26,10 @@ def a_checkpoint(client: object, step: str) -> None:
     put(client, f"{PREFIX}checkpoints/{step}/adapter_config.json", json.dumps({"r": 8}).encode())
 
 
+def planted_anywhere() -> bool:
+    return Path("/tmp/pwned").exists() or Path("/escape").exists()
+
+
 def files_under(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
 
@@ -62,7 +66,7 @@ async def test_keys_that_climb_out_of_the_model_folder_write_nothing_there(
             "checkpoints/0001/adapter_model.safetensors",
         )
     }
-    assert not Path("/tmp/pwned").exists() and not Path("/escape").exists()
+    assert not planted_anywhere()
     assert (folder / "checkpoints/0001/adapter_model.safetensors").read_bytes() == b"w" * 64
     refused = " ".join(r.getMessage() for r in caplog.records)
     assert "climbed.pth" in refused and "absolute.pth" in refused and "nested.pth" in refused

@@ -6,6 +6,7 @@ The bottom of the layers (it imports nothing of ours), so every door uses the sa
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,6 +68,16 @@ def relative_key_problem(relative: str) -> str | None:
         if part in ("", ".", ".."):
             return f"a path segment {part!r}"
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def forwarded_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:

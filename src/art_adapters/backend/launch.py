@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from collections.abc import Iterable
 
+from ..http_limits import ConnectionLimits, uvicorn_config
 from ..inference.requests import RequestLimits
+from ..untrusted import is_loopback
 from .base import Backend
 
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
 INFERENCE_KEY_ENV = "ART_ADAPTERS_INFERENCE_KEY"
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 log = logging.getLogger("art_adapters.server")
-
-
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -52,11 +44,13 @@ def serve(
     trainer_gpu_ids: list[int] | None = None,
     trainer_nodes: int = 1,
     trainer_master: str | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
-    bound every inference request, at this server and at the engine's gateway. SIGTERM ends it within a bounded
-    time: connections still open after 10 s are closed, steps in flight get 120 s."""
+    bound every inference request, at this server and at the engine's gateway; `connections` the connections it
+    holds and how long it waits for a slow client. SIGTERM ends it within a bounded time: connections still open
+    after 10 s are closed, steps in flight get 120 s."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
@@ -93,10 +87,11 @@ def serve(
         max_body_bytes=max_body_bytes,
         limits=limits,
     )
-    uvicorn.run(
+    config = uvicorn_config(
         app,
         host=host,
         port=port,
+        limits=connections,
         log_level=log_level,
         backlog=2048,
         timeout_keep_alive=30,
@@ -104,6 +99,7 @@ def serve(
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
     )
+    uvicorn.Server(config).run()
 
 
 def serve_command(argv: list[str] | None = None) -> None:
@@ -166,6 +162,12 @@ def serve_command(argv: list[str] | None = None) -> None:
         metavar="HOST:PORT",
         help="node 0's rendezvous address, reachable by the others",
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=ConnectionLimits().max_connections,
+        help="open connections at once (one more is answered 503)",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -186,4 +188,5 @@ def serve_command(argv: list[str] | None = None) -> None:
         trainer_gpu_ids=args.trainer_gpu,
         trainer_nodes=args.trainer_nodes,
         trainer_master=args.trainer_master,
+        connections=ConnectionLimits(max_connections=args.max_connections),
     )

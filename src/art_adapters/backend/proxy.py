@@ -20,9 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..calls import KEY_SCOPE_HEADER
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
 from ..inference.requests import RequestLimits, RequestRejected, parse_request
-from ..untrusted import parse_step
+from ..untrusted import is_loopback, parse_step
 from .base import InferenceEndpoint
-from .launch import is_loopback
 
 
 class Guard:

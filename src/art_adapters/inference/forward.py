@@ -162,9 +162,7 @@ async def _bounded_body(response: httpx.Response) -> bytes:
 
 
 async def _send_whole(send: Send, response: httpx.Response, body: bytes, extra: dict[str, str]) -> None:
-    headers = {
-        k: v for k, v in response_headers(response.headers).items() if k.lower() != "content-encoding"
-    }
+    headers = {k: v for k, v in response_headers(response.headers).items() if k.lower() != "content-encoding"}
     headers.update(extra)
     headers["content-length"] = str(len(body))
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]

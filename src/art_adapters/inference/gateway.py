@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..calls import SERVED_HEADER, VERSION_HEADER
+from ..http_limits import ConnectionLimits, uvicorn_config
 from ..untrusted import parse_step
 from .forward import Forwarded, end_to_end_headers, openai_error
 from .process import find_free_port
@@ -73,6 +74,7 @@ class Gateway:
     ) -> None:
         self.server = server
         self.limits = limits or RequestLimits()
+        self.connections = ConnectionLimits()  # connection cap and slow-client deadlines (set before start())
         self.api_key = "art-gw-" + secrets.token_urlsafe(24)
         self.port = find_free_port(port)
         self.models: dict[str, ServedModel] = {}
@@ -101,10 +103,11 @@ class Gateway:
         import uvicorn
 
         started = threading.Event()
-        config = uvicorn.Config(
+        config = uvicorn_config(
             self.app(),
             host="127.0.0.1",
             port=self.port,
+            limits=self.connections,
             log_level="warning",
             access_log=False,
             lifespan="off",
