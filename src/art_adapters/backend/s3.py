@@ -207,8 +207,11 @@ def zipped_step_key(location: S3Location, step: int) -> str:
 def presigned_step_archive(
     location: S3Location, checkpoint_path: Path, step: int, expires_s: int = 3600
 ) -> str:
-    """Zip a checkpoint folder to `zipped-steps/{step:04d}.zip` beside the model's files (ART's place) and return
-    a presigned URL to it (what Together fetches an adapter from)."""
+    """Zip a checkpoint's serving files (not the optimizer's or trainer's state) to `zipped-steps/{step:04d}.zip`
+    beside the model's files (ART's place) and return a presigned URL to it (what Together fetches an adapter
+    from)."""
+    from ..training.checkpoints import serving_files
+
     if not checkpoint_path.is_dir():
         raise S3SyncError(f"no checkpoint folder to archive: {checkpoint_path}")
     s3 = client()
@@ -216,9 +219,8 @@ def presigned_step_archive(
     with tempfile.TemporaryDirectory() as folder:
         archive = Path(folder) / "checkpoint.zip"
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-            for path in sorted(checkpoint_path.rglob("*")):
-                if path.is_file():
-                    zipped.write(path, path.relative_to(checkpoint_path).as_posix())
+            for path in serving_files(checkpoint_path):
+                zipped.write(path, path.relative_to(checkpoint_path).as_posix())
         try:
             s3.upload_file(str(archive), location.bucket, key)
             return str(

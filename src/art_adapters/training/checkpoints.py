@@ -17,6 +17,8 @@ from ..trajectories import Trajectory, write_jsonl
 from ..untrusted import parse_step
 
 _TEMP_PREFIX = ".tmp-"
+# What a checkpoint holds for the trainer alone (resume): never shipped with a deployed adapter.
+TRAINER_ONLY_FILES = frozenset({"optimizer.pt", "trainer_state.json"})
 
 
 def model_dir(project: str, name: str, art_path: str | Path = ".art") -> Path:
@@ -29,6 +31,12 @@ def checkpoints_dir(model_dir: str | Path) -> Path:
 
 def checkpoint_dir(model_dir: str | Path, step: int) -> Path:
     return checkpoints_dir(model_dir) / f"{step:04d}"
+
+
+def serving_files(checkpoint: str | Path) -> list[Path]:
+    """The files of a checkpoint a server needs (the adapter and its config), not the trainer's state."""
+    root = Path(checkpoint)
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in TRAINER_ONLY_FILES)
 
 
 def list_steps(model_dir: str | Path) -> list[int]:
