@@ -112,12 +112,17 @@ def serve_command(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7999)
     parser.add_argument(
-        "--api-key", default=None, help=f"admin key, required beyond loopback (or env {API_KEY_ENV})"
+        "--api-key",
+        default=None,
+        help=f"admin key, required beyond loopback; prefer env {API_KEY_ENV} (argv shows in `ps` to every user)",
     )
     parser.add_argument(
         "--inference-key",
         default=None,
-        help=f"a second key that opens only /v1/* inference, handed to rollout workers (or env {INFERENCE_KEY_ENV})",
+        help=(
+            "the key handed to rollout workers, opening only /v1/* inference (default: one is minted at start); "
+            f"prefer env {INFERENCE_KEY_ENV}"
+        ),
     )
     parser.add_argument(
         "--allow-base-model",
