@@ -49,12 +49,17 @@ class Thief:
         self.sock.close()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 async def test_a_user_who_takes_vllms_port_first_gets_no_key(tiny_model: Path, tmp_path: Path) -> None:
     """The readiness poll sent the key to whoever bound the port first (the port is on vLLM's argv, and vLLM
     binds it only after loading): that user then held every route of the engine."""
     port = free_port()
-    server = VLLMServer(tiny_model, InferenceConfig(warmup=False), port=port, log_path=tmp_path / "vllm.log")
+    server = VLLMServer(
+        tiny_model,
+        InferenceConfig(warmup=False, startup_timeout_s=800),
+        port=port,
+        log_path=tmp_path / "vllm.log",
+    )
     starting = asyncio.create_task(server.start())
     for _ in range(3000):  # until vLLM's process exists (its argv names the port)
         if server.process is not None:
@@ -63,7 +68,7 @@ async def test_a_user_who_takes_vllms_port_first_gets_no_key(tiny_model: Path, t
     first_key = server.api_key
     thief = Thief(port)  # as soon as vLLM's command line shows the port
     try:
-        await asyncio.wait_for(starting, 540)
+        await asyncio.wait_for(starting, 840)  # a loaded machine starts vLLM slowly
         assert server.port != port and server.api_key != first_key
         async with httpx.AsyncClient(timeout=60) as client:
             served = await client.get(f"{server.base_url}/models", headers=server.headers)

@@ -100,7 +100,7 @@ class _Lingering:
         self.protocol = protocol
 
     def close(self) -> None:
-        if self.protocol._reading == "body":
+        if self.protocol._reading == "body" and not self.real.is_closing():
             self.protocol._linger()
         else:
             self.real.close()

@@ -188,14 +188,15 @@ class RecordingEndpoint:
                 raise _Refused(413, f"request body over the {self.max_body_bytes}-byte limit")
             chunks.append(chunk)
         body = b"".join(chunks)
+        too_deep = _Refused(400, f"request body nested deeper than {self.max_depth} levels")
         try:
             payload = json.loads(body)
         except RecursionError:
-            payload = None
+            raise too_deep from None
         except ValueError:
             raise _Refused(400, "request body is not valid JSON") from None
-        if payload is None or nesting_depth(payload, self.max_depth) > self.max_depth:
-            raise _Refused(400, f"request body nested deeper than {self.max_depth} levels")
+        if nesting_depth(payload, self.max_depth) > self.max_depth:
+            raise too_deep
         if not isinstance(payload, dict):
             raise _Refused(400, "request body must be a JSON object")
         return body
