@@ -56,6 +56,8 @@ def serve(
     check_bind(host, api_key)
     if inference_key and not api_key:
         raise SystemExit("art-adapters serve: --inference-key needs an admin --api-key too")
+    if inference_key and inference_key == api_key:
+        raise SystemExit("art-adapters serve: the inference key must differ from the admin key")
     if not api_key:
         log.warning(
             "art-adapters serve: no API key, so every local user of this machine can train, delete and sample "
