@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import shlex
 import threading
 import zipfile
 from pathlib import Path
@@ -27,6 +28,7 @@ from art_adapters.utils.deployment import (
     WandbDeploymentConfig,
     deploy_model,
 )
+from art_adapters.utils.deployment.together import together_model_name
 from fixtures_s3 import BUCKET
 from test_remote_backend import running
 from test_vllm_server import peft_model_of, write_adapter
@@ -135,11 +137,11 @@ async def test_together_uploads_the_zipped_adapter_and_waits_for_its_job(
             await deploy_model(trained(), str(checkpoint), 3, "together", config)
         monkeypatch.setenv("TOGETHER_API_KEY", KEY)
         result = await deploy_model(trained(), str(checkpoint), 3, "together", config)
-        assert (
-            result.inference_model_name == "acct/games-tic-001-3"
-        )  # a name with "/": a plain art.Model takes it
-        assert together.archives == [
-            sorted(["adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "README.md"])
+        name = together_model_name(trained(), 3)
+        assert result.inference_model_name == f"acct/{name}"  # a name with "/": a plain art.Model takes it
+        assert name.startswith("games-tic-001-3-")
+        assert together.archives == [  # the adapter alone: never the optimizer's state
+            sorted(["adapter_config.json", "adapter_model.safetensors", "README.md"])
         ]
         again = await deploy_model(trained(), str(checkpoint), 3, "together", config)
         assert (
@@ -148,7 +150,7 @@ async def test_together_uploads_the_zipped_adapter_and_waits_for_its_job(
         deployed = art.Model(
             name=result.inference_model_name, project="games", inference_base_url=f"{url}/v1"
         )
-        assert deployed.name == "acct/games-tic-001-3"
+        assert deployed.name == f"acct/{name}"
     failing = TogetherStandIn(fail=True)
     with running(failing.app()) as url:
         monkeypatch.setenv("TOGETHER_BASE_URL", url)
@@ -168,15 +170,13 @@ async def test_the_export_serves_the_same_policy_as_the_adapter(checkpoint: Path
         "adapter_config.json",
         "adapter_model.safetensors",
     ]  # no optimizer state: a serving folder
-    assert (
-        lora.command
-        and "--lora-modules games-tic-001-3=" in lora.command
-        and "--max-lora-rank 8" in lora.command
-    )
+    name = together_model_name(trained(), 3)
+    assert lora.inference_model_name == name
+    assert lora.command and f"--lora-modules {name}=" in lora.command and "--max-lora-rank 8" in lora.command
     merged = await deploy_model(
         trained(), str(checkpoint), 3, "vllm", VLLMExportConfig(out_dir=str(tmp_path / "merged"), merged=True)
     )
-    assert merged.command == f"vllm serve {merged.path} --served-model-name games-tic-001-3"
+    assert merged.command == f"vllm serve {merged.path} --served-model-name {name}"
     ids = torch.tensor([[1, 5, 9, 20, 33, 41]])
     with torch.no_grad():
         want = peft_model_of(tiny_model_path(), checkpoint)(input_ids=ids).logits
@@ -200,5 +200,34 @@ async def test_wandb_deployment_logs_the_adapter_as_an_artifact(
     assert (
         len(runs) == 1 and b"adapter_model.safetensors" in runs[0] and b"step3" in runs[0]
     )  # the logged artifact
+    assert b"optimizer.pt" not in runs[0]  # the adapter, never the optimizer's state
     with pytest.raises(TypeError, match="TogetherDeploymentConfig"):
         await deploy_model(trained(), str(checkpoint), 3, "together", None)
+
+
+async def test_together_never_takes_another_steps_or_projects_job(
+    s3_server: object, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs were matched by substring (deploying step 3 after step 30 reused step 30's upload) and names were
+    `{project}-{name}-{step}` (project `a-b`, model `c` read as project `a`, model `b-c`)."""
+    together = TogetherStandIn(queued_polls=0)
+    with running(together.app()) as url:
+        monkeypatch.setenv("TOGETHER_BASE_URL", url)
+        monkeypatch.setenv("TOGETHER_API_KEY", KEY)
+        config = TogetherDeploymentConfig(s3_bucket=BUCKET, poll_every_s=0.01)
+        base = str(tiny_model_path())
+        first = art.TrainableModel(name="c", project="a-b", base_model=base)
+        second = art.TrainableModel(name="b-c", project="a", base_model=base)
+        names = [
+            (await deploy_model(model, str(checkpoint), step, "together", config)).inference_model_name
+            for model, step in ((first, 30), (first, 3), (second, 3))
+        ]
+    assert len(set(names)) == 3 and len(together.uploads) == 3
+
+
+def test_the_export_command_is_quoted(checkpoint: Path, tmp_path: Path) -> None:
+    from art_adapters.deployment import export_checkpoint
+
+    spaced = tmp_path / "my exports" / "lora; rm -rf ~"
+    result = export_checkpoint(trained(), str(checkpoint), 3, VLLMExportConfig(out_dir=str(spaced)))
+    assert result.command is not None and shlex.split(result.command)[-1].endswith(f"={spaced}")

@@ -101,7 +101,7 @@ async def test_a_dead_engine_is_restarted_with_its_adapters_at_their_versions(
     async with registered_on(vllm_server, tmp_path, name="phoenix", project="gw") as (backend, model):
         ok = await post(model, {"model": model.name, **CHAT})
         assert ok.status_code == 200
-        restarts = vllm_server.restarts
+        restarts, old_key = vllm_server.restarts, vllm_server.api_key
         with caplog.at_level(logging.WARNING, logger="art_adapters.inference.gateway"):
             async with httpx.AsyncClient(timeout=120) as client:  # straight at vLLM, as only its key allows
                 body = {"model": "gw/phoenix@0", **CHAT, "kv_transfer_params": nested(900)}
@@ -112,6 +112,11 @@ async def test_a_dead_engine_is_restarted_with_its_adapters_at_their_versions(
             again = await post(model, {"model": model.name, **CHAT}, timeout=600)  # waits for the restart
         assert again.status_code == 200 and again.headers["x-art-served-model"] == "gw/phoenix@0"
         assert vllm_server.restarts == restarts + 1 and "gw/phoenix@0" in vllm_server.loras
+        async with httpx.AsyncClient(timeout=30) as client:  # a key sent before the restart opens nothing now
+            stale = await client.get(
+                f"{vllm_server.base_url}/models", headers={"authorization": f"Bearer {old_key}"}
+            )
+        assert vllm_server.api_key != old_key and stale.status_code == 401
         messages = [r.getMessage() for r in caplog.records]
         assert any("the vLLM engine died" in m for m in messages)
         assert any("is back after" in m and "reloaded" in m for m in messages)

@@ -216,7 +216,7 @@ def test_a_request_asking_for_unbounded_work_is_refused(
         assert register(admin).status_code == 200
     with as_user(served, INFERENCE) as worker:
         refused = worker.post("/v1/chat/completions", json={"model": "agent-1", **CHAT, **asked})
-    assert refused.status_code == 400 and message in refused.text, refused.text
+    assert refused.status_code == 400 and message in refused.text, refused.text[:300]
     assert upstream.requests == []
 
 
@@ -300,3 +300,29 @@ def test_engine_settings_are_refused_on_the_server_whatever_their_values(
         unknown = register(admin, _internal_config={"engine_args": {"extra_args": ["--trust-remote-code"]}})
         assert unknown.status_code == 400 and "not supported" in unknown.text
     assert [c for c in fake.calls if c[0] == "register"] == []
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (["x"] * 200_000, "200000 prompts x n=1 = 200000 choices, over this server's limit of 64"),
+        ([[1, 2]] * 65, "65 prompts x n=1 = 65 choices"),
+        (["x"] * 8, "8 prompts x n=8 x max_tokens=8192 asks for more than this server's 262144"),
+    ],
+)
+def test_a_list_of_prompts_counts_as_that_many_requests(
+    served: str, upstream: ScriptedServer, prompt: list[Any], message: str
+) -> None:
+    """`prompt` as a list was counted as one prompt: 200,000 prompts in a 0.95 MiB body asked for 52 billion
+    output tokens and were accepted."""
+    with as_user(served, ADMIN) as admin:
+        assert register(admin).status_code == 200
+    n = 8 if len(prompt) == 8 else 1
+    with as_user(served, INFERENCE) as worker:
+        asked = {"model": "agent-1", "prompt": prompt, "n": n, "max_tokens": 8192 if n == 8 else 16}
+        refused = worker.post("/v1/completions", json=asked)
+        assert refused.status_code == 400 and message in refused.text, refused.text[:300]
+        for fine in ("one prompt", [1, 2, 3], ["a", "b"], [[1, 2], [3]]):
+            ok = worker.post("/v1/completions", json={"model": "agent-1", "prompt": fine, "max_tokens": 4})
+            assert ok.status_code == 200, (fine, ok.text)
+    assert len(upstream.requests) == 4

@@ -15,6 +15,8 @@ EndpointKind = Literal["chat", "completions", "responses", "messages"]
 # What our inference gateway says of every answer: the policy version (training step) that sampled it and the
 # immutable adapter that served it (`{project}/{name}@{step}`).
 VERSION_HEADER, SERVED_HEADER = "x-art-policy-version", "x-art-served-model"
+# What `serve` says of an answer to its admin key: a recording endpoint refuses to carry that key for rollouts.
+KEY_SCOPE_HEADER = "x-art-key-scope"
 
 
 def policy_token_spans(version: int | None, served: str | None, tokens: int) -> list[dict[str, Any]]:

@@ -5,7 +5,9 @@ or as merged weights, with the command that serves it. `art_adapters.utils.deplo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import shlex
 import shutil
 import time
 from enum import StrEnum
@@ -117,7 +119,15 @@ async def deploy_model(
 
 
 def together_model_name(model: TrainableModel, step: int) -> str:
-    return f"{model.project}-{model.name}-{step}"
+    """`{project}-{name}-{step}-{tag}`: the tag (a digest of project and name) keeps `a-b`/`c` and `a`/`b-c`
+    apart, whose names would otherwise read alike."""
+    return deployed_name(model, step)
+
+
+def deployed_name(model: TrainableModel, step: int) -> str:
+    """The name a deployed or exported step is served under, one per (project, name, step)."""
+    tag = hashlib.sha256(f"{model.project}\0{model.name}".encode()).hexdigest()[:8]
+    return f"{model.project}-{model.name}-{step}-{tag}"
 
 
 async def deploy_to_together(
@@ -182,11 +192,17 @@ class _TogetherJob(BaseModel):
 
 async def _existing_job(client: httpx.AsyncClient, name: str) -> _TogetherJob | None:
     jobs = (await _checked(await client.get("/v1/jobs"))).get("data") or []
-    mine = [j for j in jobs if name in str((j.get("args") or {}).get("modelName", ""))]
+    mine = [j for j in jobs if _named(j, name)]
     if not mine:
         return None
     newest = max(mine, key=lambda j: str(j.get("updated_at", "")))
     return await _job(client, str(newest["job_id"]))
+
+
+def _named(job: dict[str, Any], name: str) -> bool:
+    """Whether a job uploads exactly `name` (Together answers `{account}/{name}`): step 3 is not step 30."""
+    model_name = str((job.get("args") or {}).get("modelName", ""))
+    return model_name == name or model_name.rpartition("/")[2] == name
 
 
 async def _job(client: httpx.AsyncClient, job_id: str) -> _TogetherJob:
@@ -236,13 +252,16 @@ def deploy_wandb(
     """Log the adapter as a W&B artifact (type `lora`, alias `step{step}`); returns its `wandb-artifact:///` name."""
     import wandb
 
+    from .training.checkpoints import serving_files
+
     entity = (config.entity if config else None) or model.entity
     run = wandb.init(project=model.project, entity=entity, job_type="deploy", reinit="create_new")
     try:
         artifact = wandb.Artifact(
             model.name, type="lora", metadata={"base_model": model.base_model, "step": step}
         )
-        artifact.add_dir(checkpoint_path)
+        for path in serving_files(checkpoint_path):  # the adapter, never the optimizer's state
+            artifact.add_file(str(path), name=path.relative_to(checkpoint_path).as_posix())
         run.log_artifact(artifact, aliases=[f"step{step}", "latest"])
         entity = entity or run.entity or "local"
     finally:
@@ -260,24 +279,23 @@ def export_checkpoint(
     model: TrainableModel, checkpoint_path: str, step: int, config: VLLMExportConfig
 ) -> DeploymentResult:
     """The checkpoint as files a server loads, and the command that serves them (vLLM's OpenAI server)."""
+    from .training.checkpoints import TRAINER_ONLY_FILES
+
     out = Path(config.out_dir)
-    name = f"{model.project}-{model.name}-{step}"
+    name = deployed_name(model, step)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty")
     out.parent.mkdir(parents=True, exist_ok=True)
     if not config.merged:
         shutil.copytree(
-            checkpoint_path,
-            out,
-            ignore=shutil.ignore_patterns("optimizer.pt", "trainer_state.json"),
-            dirs_exist_ok=True,
+            checkpoint_path, out, ignore=shutil.ignore_patterns(*TRAINER_ONLY_FILES), dirs_exist_ok=True
         )
-        command = f"vllm serve {model.base_model} --enable-lora --max-lora-rank {_rank(out)} --lora-modules {name}={out}"
+        lora = ["--enable-lora", "--max-lora-rank", str(_rank(out)), "--lora-modules", f"{name}={out}"]
+        command = shlex.join(["vllm", "serve", model.base_model, *lora])
         return DeploymentResult(inference_model_name=name, path=str(out), command=command)
     merge_adapter(model.base_model, checkpoint_path, out)
-    return DeploymentResult(
-        inference_model_name=name, path=str(out), command=f"vllm serve {out} --served-model-name {name}"
-    )
+    command = shlex.join(["vllm", "serve", str(out), "--served-model-name", name])
+    return DeploymentResult(inference_model_name=name, path=str(out), command=command)
 
 
 def merge_adapter(base_model: str, checkpoint_path: str, out: Path) -> Path:

@@ -1,5 +1,10 @@
 """Rollouts on Ray workers: each worker runs the async rollout in its own event loop and sends back Trajectory JSON;
-the driver gets the same TrajectoryGroups `gather_trajectory_groups` returns. Ray is imported only when used."""
+the driver gets the same TrajectoryGroups `gather_trajectory_groups` returns. Ray is imported only when used.
+
+Trust: Ray carries task arguments and results with pickle, so the driver unpickles what a worker returns (our
+results are JSON strings, but the envelope is Ray's): whoever controls a worker, or may submit jobs to the cluster,
+can run code in the driver. A Ray cluster is one trust domain with the driver. Workers hold only the inference key,
+which cannot train, log or delete through the server."""
 
 from __future__ import annotations
 

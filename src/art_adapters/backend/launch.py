@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import ipaddress
+import logging
 import os
 from collections.abc import Iterable
 
+from ..http_limits import ConnectionLimits, uvicorn_config
 from ..inference.requests import RequestLimits
+from ..untrusted import is_loopback
 from .base import Backend
 
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
 INFERENCE_KEY_ENV = "ART_ADAPTERS_INFERENCE_KEY"
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
-
-
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+log = logging.getLogger("art_adapters.server")
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -51,17 +45,27 @@ def serve(
     trainer_nodes: int = 1,
     trainer_master: str | None = None,
     record: str | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
-    bound every inference request, at this server and at the engine's gateway. SIGTERM ends it within a bounded
-    time: connections still open after 10 s are closed, steps in flight get 120 s. `record` (a store URL:
-    sqlite:///file.db or postgresql://...): record mode, every `/v1` call stored, `POST /rewards/{id}` open."""
+    bound every inference request, at this server and at the engine's gateway; `connections` the connections it
+    holds and how long it waits for a slow client. SIGTERM ends it within a bounded time: connections still open
+    after 10 s are closed, steps in flight get 120 s. `record` (a store URL: sqlite:///file.db or
+    postgresql://...): record mode, every `/v1` call stored, `POST /rewards/{id}` open."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
     if inference_key and not api_key:
         raise SystemExit("art-adapters serve: --inference-key needs an admin --api-key too")
+    if inference_key and inference_key == api_key:
+        raise SystemExit("art-adapters serve: the inference key must differ from the admin key")
+    if not api_key:
+        log.warning(
+            "art-adapters serve: no API key, so every local user of this machine can train, delete and sample "
+            "(web pages cannot: only loopback Host names are answered); set %s on a shared machine",
+            API_KEY_ENV,
+        )
     import uvicorn
 
     limits = limits or RequestLimits()
@@ -88,10 +92,11 @@ def serve(
         limits=limits,
         record=_recorder(record),
     )
-    uvicorn.run(
+    config = uvicorn_config(
         app,
         host=host,
         port=port,
+        limits=connections,
         log_level=log_level,
         backlog=2048,
         timeout_keep_alive=30,
@@ -99,6 +104,7 @@ def serve(
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
     )
+    uvicorn.Server(config).run()
 
 
 def _recorder(url: str | None) -> object:
@@ -119,12 +125,17 @@ def serve_command(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7999)
     parser.add_argument(
-        "--api-key", default=None, help=f"admin key, required beyond loopback (or env {API_KEY_ENV})"
+        "--api-key",
+        default=None,
+        help=f"admin key, required beyond loopback; prefer env {API_KEY_ENV} (argv shows in `ps` to every user)",
     )
     parser.add_argument(
         "--inference-key",
         default=None,
-        help=f"a second key that opens only /v1/* inference, handed to rollout workers (or env {INFERENCE_KEY_ENV})",
+        help=(
+            "the key handed to rollout workers, opening only /v1/* inference (default: one is minted at start); "
+            f"prefer env {INFERENCE_KEY_ENV}"
+        ),
     )
     parser.add_argument(
         "--allow-base-model",
@@ -175,6 +186,12 @@ def serve_command(argv: list[str] | None = None) -> None:
         metavar="STORE_URL",
         help="record mode: store every /v1 call (sqlite:///file.db or postgresql://...); POST /rewards/{id}",
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=ConnectionLimits().max_connections,
+        help="open connections at once (one more is answered 503)",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -196,4 +213,5 @@ def serve_command(argv: list[str] | None = None) -> None:
         trainer_nodes=args.trainer_nodes,
         trainer_master=args.trainer_master,
         record=args.record,
+        connections=ConnectionLimits(max_connections=args.max_connections),
     )

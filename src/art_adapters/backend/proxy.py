@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Request, Response
@@ -15,8 +17,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..calls import KEY_SCOPE_HEADER
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
 from ..inference.requests import RequestLimits, RequestRejected, parse_request
+from ..untrusted import is_loopback, parse_step
 from .base import InferenceEndpoint
 
 
@@ -25,15 +29,25 @@ class Guard:
     (declared Content-Length, and bytes counted as they stream in).
 
     Two keys: the admin key opens every route; the inference key (rollout workers, Ray tasks) opens only the
-    OpenAI-compatible `/v1/*` routes, so its holder can sample but never register, train or delete."""
+    OpenAI-compatible `/v1/*` routes, so its holder can sample but never register, train or delete. An answer to
+    the admin key says so (`x-art-key-scope: admin`), so a forwarder can refuse to carry it.
+
+    Without a key (loopback only) a request must name this machine's loopback in `Host` (and in `Origin`, when a
+    browser sends one): a web page whose name was rebound to 127.0.0.1 is refused."""
 
     def __init__(
-        self, app: ASGIApp, api_key: str | None, max_body_bytes: int, inference_key: str | None = None
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        max_body_bytes: int,
+        inference_key: str | None = None,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
         self.inference_key = inference_key.encode() if inference_key else None
         self.max_body_bytes = max_body_bytes
+        self.allowed_hosts = {h.lower() for h in allowed_hosts}
 
     def role(self, scope: Scope) -> str | None:
         """ "admin", "inference" or None (no valid key), for the request's bearer token."""
@@ -51,6 +65,9 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.key is None and not self.from_loopback(scope):
+            await _send_json(send, 403, {"detail": "Host or Origin not allowed on this keyless server"})
             return
         role = self.role(scope)
         if role is None:
@@ -76,7 +93,34 @@ class Guard:
                     raise HTTPException(413, f"request body over the {self.max_body_bytes}-byte limit")
             return message
 
+        if role == "admin" and self.key is not None:
+            send = _with_header(send, KEY_SCOPE_HEADER.encode(), b"admin")
         await self.app(scope, counted, send)
+
+    def from_loopback(self, scope: Scope) -> bool:
+        """Whether the request names a loopback host (or an allowed one) in `Host` and, if sent, in `Origin`."""
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host")
+        if host is not None and not self._allowed(host.decode("latin-1")):
+            return False
+        origin = headers.get(b"origin")
+        if origin is None:
+            return True
+        parsed = urlsplit(origin.decode("latin-1"))
+        return parsed.scheme in ("http", "https") and self._allowed(parsed.netloc)
+
+    def _allowed(self, authority: str) -> bool:
+        host = urlsplit(f"//{authority}").hostname or ""
+        return host in self.allowed_hosts or is_loopback(host)
+
+
+def _with_header(send: Send, name: bytes, value: bytes) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (name, value)]}
+        await send(message)
+
+    return sending
 
 
 async def _send_json(
@@ -153,6 +197,8 @@ class InferenceProxy:
             route = self.routes.get(next(iter(keys))) if keys else None
         if route is None:
             return f"model {requested!r} is not registered on this server"
+        if at and parse_step(step) is None:  # ASCII digits only: `model@²` is no step
+            return f"model {requested!r} is not registered on this server (no such step)"
         return route, route.endpoint.model_name + (f"@{step}" if at else "")
 
     # ---- forwarding ------------------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ def recorded_forward(proxy: InferenceProxy, recorder: LiveRecorder) -> Forward:
     )
 
     async def forward(request: Request, path: str) -> Any:
-        return await recorder.record(request, lambda _scratch: recording.forward(request, path))
+        return await recorder.record(
+            request, await request.body(), lambda _scratch: recording.forward(request, path)
+        )
 
     forward.aclose = recording.aclose  # type: ignore[attr-defined]
     return forward

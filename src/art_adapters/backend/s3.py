@@ -12,6 +12,7 @@ The bucket comes from the call or `BACKUP_BUCKET`; credentials and endpoint from
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..untrusted import parse_step, relative_key_problem
+
+log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 COMPLETE = ("adapter_config.json", "adapter_model.safetensors")  # a checkpoint exists once both do
 LAST = "adapter_config.json"  # uploaded last: its presence says the rest arrived
@@ -62,7 +66,9 @@ def client() -> Any:
 
 
 def remote_files(s3: Any, location: S3Location) -> dict[str, dict[str, Any]]:
-    """Every object under the model's folder: relative path -> its size and ETag."""
+    """Every object under the model's folder that may become a local file: relative path -> its size and ETag.
+    A key with an empty, `.` or `..` segment (`../../x`, an absolute tail after `//`) is left out, with a
+    warning naming it: a shared bucket never writes outside the model's folder, and one bad key breaks no pull."""
     files: dict[str, dict[str, Any]] = {}
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(
@@ -70,20 +76,48 @@ def remote_files(s3: Any, location: S3Location) -> dict[str, dict[str, Any]]:
         ):
             for item in page.get("Contents", []):
                 relative = item["Key"][len(location.prefix) :]
+                problem = relative_key_problem(relative)
+                if problem is not None:
+                    if not (relative.endswith("/") and item["Size"] == 0):  # a console "folder" is no file
+                        log.warning("S3 object %r refused: %s", item["Key"], problem)
+                    continue
                 files[relative] = {"size": item["Size"], "etag": item["ETag"].strip('"')}
     except Exception as error:
         raise _clear(error, location) from error
     return files
 
 
+def checkpoint_step(relative: str) -> int | None:
+    """The step of a file inside `checkpoints/{step}/` (ASCII digits only), or None."""
+    parts = relative.split("/")
+    if len(parts) < 3 or parts[0] != CHECKPOINTS:
+        return None
+    return parse_step(parts[1])
+
+
 def remote_steps(files: dict[str, dict[str, Any]]) -> list[int]:
     """The complete checkpoints in a listing (adapter config and weights both there)."""
-    present: dict[str, set[str]] = {}
+    present: dict[int, set[str]] = {}
     for relative in files:
-        parts = relative.split("/")
-        if len(parts) == 3 and parts[0] == CHECKPOINTS and parts[1].isdigit():
-            present.setdefault(parts[1], set()).add(parts[2])
-    return sorted(int(step) for step, names in present.items() if set(COMPLETE) <= names)
+        step = checkpoint_step(relative)
+        if step is not None and relative.count("/") == 2:
+            present.setdefault(step, set()).add(relative.rsplit("/", 1)[1])
+    return sorted(step for step, names in present.items() if set(COMPLETE) <= names)
+
+
+def local_destination(model_dir: Path, relative: str) -> Path:
+    """Where the object `relative` lands: inside the model's folder once every link is resolved, or S3SyncError."""
+    problem = relative_key_problem(relative)
+    if problem is not None:
+        raise S3SyncError(f"S3 object {relative!r} refused: {problem}")
+    root = model_dir.resolve()
+    destination = (root / relative).resolve()
+    if not destination.is_relative_to(root):
+        raise S3SyncError(
+            f"S3 object {relative!r} would be written outside the model folder {root} (to {destination}, "
+            "through a link): refused"
+        )
+    return destination
 
 
 def push(
@@ -136,16 +170,19 @@ def pull(
         if _excluded(relative, exclude):
             continue
         parts = relative.split("/")
-        in_checkpoint = len(parts) >= 3 and parts[0] == CHECKPOINTS and parts[1].isdigit()
-        if step is not None and not (in_checkpoint and int(parts[1]) == step):
+        at = checkpoint_step(relative)
+        if step is not None and at != step:
             continue
-        if in_checkpoint:
-            if int(parts[1]) in complete:
+        if at is not None:
+            if at in complete:
                 wanted.setdefault(f"{CHECKPOINTS}/{parts[1]}", []).append(relative)
-        else:
+        elif not (parts[0] == CHECKPOINTS and len(parts) >= 3):  # not a step: no file of a checkpoint
             wanted.setdefault("", []).append(relative)
     received: list[str] = []
     model_dir.mkdir(parents=True, exist_ok=True)
+    for files in wanted.values():
+        for relative in files:
+            local_destination(model_dir, relative)  # every destination checked before anything is written
     for folder, files in wanted.items():
         changed = [r for r in files if not _same(model_dir / r, remote[r])]
         if not changed:
@@ -154,7 +191,7 @@ def pull(
             received += _pull_checkpoint(s3, location, model_dir, folder, files, remote)
         else:
             for relative in changed:
-                _download(s3, location, relative, model_dir / relative)
+                _download(s3, location, relative, local_destination(model_dir, relative))
                 received.append(relative)
     if delete and step is None:
         local = _local_files(model_dir, exclude)
@@ -170,8 +207,11 @@ def zipped_step_key(location: S3Location, step: int) -> str:
 def presigned_step_archive(
     location: S3Location, checkpoint_path: Path, step: int, expires_s: int = 3600
 ) -> str:
-    """Zip a checkpoint folder to `zipped-steps/{step:04d}.zip` beside the model's files (ART's place) and return
-    a presigned URL to it (what Together fetches an adapter from)."""
+    """Zip a checkpoint's serving files (not the optimizer's or trainer's state) to `zipped-steps/{step:04d}.zip`
+    beside the model's files (ART's place) and return a presigned URL to it (what Together fetches an adapter
+    from)."""
+    from ..training.checkpoints import serving_files
+
     if not checkpoint_path.is_dir():
         raise S3SyncError(f"no checkpoint folder to archive: {checkpoint_path}")
     s3 = client()
@@ -179,9 +219,8 @@ def presigned_step_archive(
     with tempfile.TemporaryDirectory() as folder:
         archive = Path(folder) / "checkpoint.zip"
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-            for path in sorted(checkpoint_path.rglob("*")):
-                if path.is_file():
-                    zipped.write(path, path.relative_to(checkpoint_path).as_posix())
+            for path in serving_files(checkpoint_path):
+                zipped.write(path, path.relative_to(checkpoint_path).as_posix())
         try:
             s3.upload_file(str(archive), location.bucket, key)
             return str(
@@ -216,7 +255,7 @@ def ensure_bucket(bucket: str) -> bool:
 def _pull_checkpoint(
     s3: Any, location: S3Location, model_dir: Path, folder: str, files: list[str], remote: dict[str, Any]
 ) -> list[str]:
-    target = model_dir / folder
+    target = local_destination(model_dir, folder)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-pull-", dir=target.parent))
     try:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -172,14 +174,21 @@ def create_app(
     limits: RequestLimits | None = None,
     shutdown_grace_s: float = 120.0,
     record: Any = None,
+    allowed_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The FastAPI app serving `backend`. `public_url` overrides the base URL handed to clients (default: the URL
     the request came in on); `heartbeat_s` is the idle gap after which a progress stream sends a heartbeat line.
 
-    `api_key` opens every route, `inference_key` only `/v1/*` (and is the key handed to clients for inference).
+    `api_key` opens every route, `inference_key` only `/v1/*` (and is the key handed to clients for inference;
+    with an `api_key` and no `inference_key`, one is minted: the admin key is never handed out). Without an
+    `api_key` only loopback names are served (`allowed_hosts` adds others, e.g. `public_url`'s).
     `allowed_base_models`: what clients may register (default: the base models of the models already on disk).
     `limits`: what one inference request may ask; `shutdown_grace_s`: how long shutdown waits for steps in flight.
     `record`: a LiveRecorder (record mode, backend/record.py): `/v1` calls are stored, `/rewards/{id}` joins rewards."""
+    if api_key and inference_key == api_key:
+        raise ValueError("the inference key must differ from the admin key (it is handed to every rollout)")
+    if api_key and not inference_key:
+        inference_key = "art-inference-" + secrets.token_urlsafe(24)
     allowed = set(allowed_base_models or ()) | registered_base_models(backend)
     proxy = InferenceProxy(limits=limits, read_timeout_s=proxy_read_timeout_s)
     state = _State(backend, proxy, {_base_key(b) for b in allowed})
@@ -209,7 +218,14 @@ def create_app(
     app = FastAPI(
         title="art-adapters backend", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, inference_key=inference_key)
+    hosts = set(allowed_hosts) | ({urlsplit(public_url).hostname or ""} if public_url else set())
+    app.add_middleware(
+        Guard,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        inference_key=inference_key,
+        allowed_hosts=hosts - {""},
+    )
     app.state.art = state
 
     @app.exception_handler(RequestValidationError)
@@ -231,7 +247,7 @@ def create_app(
         if not isinstance(body.model, TrainableModel):  # e.g. a judge on its own API: reached directly
             return {**endpoint.model_dump(), "proxied": False}
         base = (public_url or str(request.base_url)).rstrip("/")
-        handed = inference_key or api_key or "none"  # rollouts sample with the key that cannot train
+        handed = inference_key or "none"  # rollouts sample with the key that cannot train
         answer = endpoint.model_copy(update={"base_url": f"{base}/v1", "api_key": handed})
         return {**answer.model_dump(), "proxied": True}
 

@@ -14,11 +14,16 @@ process. A client that cannot change its base URL per rollout may use `endpoint.
 
 With `record=LiveRecorder(store)` (capture/live.py), calls to the shared base URL that name no rollout are
 recorded as production traffic, and `POST /rewards/{trajectory_id}` (bearer `recorder.reward_key`) joins rewards.
+
+A URL grants what is recorded, nothing more: POST to the four recorded routes, matched by exact path (no `..`,
+no other route of the upstream's API), bodies bounded in size and JSON depth, the APIs' own headers only. It never
+carries `serve`'s admin key (it refuses to start with one): give it the inference key serve hands out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import threading
 import time
@@ -26,26 +31,27 @@ from typing import Any
 
 import httpx
 
+from ..calls import KEY_SCOPE_HEADER
+from ..http_limits import ConnectionLimits, uvicorn_config
 from ..sources import role
 from ..trajectories import Trajectory
+from ..untrusted import forwarded_headers, is_loopback, nesting_depth
 from .scope import CURRENT, current_trajectory
 from .transport import AsyncRecordingTransport
 
-_HOP = {
-    "host",
-    "content-length",
+RECORDED_ROUTES = ("chat/completions", "completions", "responses", "messages")  # POST only, exact paths
+_ANSWER_HEADERS_DROPPED = {
     "connection",
     "keep-alive",
     "transfer-encoding",
-    "authorization",
-    "x-api-key",
+    "content-length",
+    "content-encoding",
 }
-_OURS = {"x-art-role", "x-art-rollout"}
-_RECORDED = ("chat/completions", "completions", "responses", "messages")
 
 
 class RecordingEndpoint:
-    """Serves `/rollouts/{id}/v1/*` on 127.0.0.1 (a thread of its own) and forwards to `upstream` (`.../v1`)."""
+    """Serves `/rollouts/{id}/v1/*` on 127.0.0.1 (a thread of its own) and forwards to `upstream` (`.../v1`).
+    `max_body_bytes` and `max_depth` bound a request's body; `limits` the connections it serves."""
 
     def __init__(
         self,
@@ -54,6 +60,9 @@ class RecordingEndpoint:
         *,
         port: int = 0,
         request_token_ids: bool = True,
+        max_body_bytes: int = 32 * 2**20,
+        max_depth: int = 64,
+        limits: ConnectionLimits | None = None,
         record: Any = None,
     ):
         self.upstream = upstream.rstrip("/")
@@ -63,6 +72,13 @@ class RecordingEndpoint:
         self.recorder = record  # a LiveRecorder: record mode (see the module docstring)
         if record is not None:
             record.require_key()
+        self.max_body_bytes = max_body_bytes
+        self.max_depth = max_depth
+        self.limits = limits or ConnectionLimits()
+        base = httpx.URL(self.upstream + "/")
+        self._targets = {route: base.join(route) for route in RECORDED_ROUTES}
+        self._models_url = base.join("models")
+        self._refused: str | None = None  # set once the upstream says our key is its admin key
         self._rollouts: dict[str, Trajectory] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -96,54 +112,43 @@ class RecordingEndpoint:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        methods = ["GET", "POST"]
         routes = [
-            Route("/rollouts/{rollout}/v1/{path:path}", self._forward, methods=methods),
-            Route("/v1/{path:path}", self._forward, methods=methods),
+            Route("/rollouts/{rollout}/v1/{path:path}", self._forward, methods=["POST"]),
+            Route("/v1/{path:path}", self._forward, methods=["POST"]),
         ]
         if self.recorder is not None:
             routes.append(Route("/rewards/{trajectory_id}", self.recorder.reward_endpoint, methods=["POST"]))
         return Starlette(routes=routes)
 
     async def _forward(self, request: Any, scratch: Trajectory | None = None) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import StreamingResponse
 
-        path = request.path_params["path"]
-        rollout = request.path_params.get("rollout") or request.headers.get("x-art-rollout", "")
-        if self.recorder is not None and scratch is None and not rollout:  # record mode: production traffic
-            return await self.recorder.record(request, lambda into: self._forward(request, into))
-        with self._lock:
-            trajectory = scratch if scratch is not None else self._rollouts.get(rollout)
-        if trajectory is None or trajectory._sealed:
-            return JSONResponse(
-                {"error": {"message": "no open rollout here: its capture scope ended, or the id is unknown"}},
-                status_code=404,
-            )
-        headers = {
-            k: v for k, v in request.headers.items() if k.lower() not in _HOP | _OURS | {"accept-encoding"}
-        }
+        admitted = await self._admit(request, scratch)
+        if not isinstance(admitted, tuple):
+            return admitted
+        trajectory, target, body = admitted
+        headers = forwarded_headers(request.headers.items())
         headers["accept-encoding"] = "identity"
         if self.api_key:  # Anthropic's clients send x-api-key, which vLLM also reads; one key, ours, goes on
             headers["authorization"] = f"Bearer {self.api_key}"
-        body = await request.body()
         assert self._client is not None
         upstream = self._client.build_request(
-            request.method,
-            f"{self.upstream}/{path}",
-            params=request.query_params,
-            headers=headers,
-            content=body,
+            "POST", target, params=request.query_params, headers=headers, content=body
         )
-        token = CURRENT.set(trajectory if path in _RECORDED else None)
+        token = CURRENT.set(trajectory)
         try:
             with role(request.headers["x-art-role"]) if request.headers.get("x-art-role") else _nothing():
                 response = await self._client.send(upstream, stream=True)
         except httpx.HTTPError as error:
             message = f"the model's endpoint {self.upstream} did not answer: {type(error).__name__}: {error}"
-            return JSONResponse({"error": {"message": message}}, status_code=502)
+            return _error(502, message)
         finally:
             CURRENT.reset(token)
-        passed = {k: v for k, v in response.headers.items() if k.lower() not in _HOP | {"content-encoding"}}
+        if response.headers.get(KEY_SCOPE_HEADER) == "admin":
+            await response.aclose()
+            self._refused = _ADMIN_KEY
+            return _error(403, _ADMIN_KEY)
+        passed = {k: v for k, v in response.headers.items() if k.lower() not in _ANSWER_HEADERS_DROPPED}
 
         async def chunks() -> Any:
             try:
@@ -154,10 +159,86 @@ class RecordingEndpoint:
 
         return StreamingResponse(chunks(), status_code=response.status_code, headers=passed)
 
+    async def _admit(
+        self, request: Any, scratch: Trajectory | None = None
+    ) -> tuple[Trajectory, httpx.URL, bytes] | Any:
+        """The open rollout a request records into (`scratch` in record mode), its upstream URL and its body; or
+        the answer to send instead (an error, or in record mode the recorded production call's)."""
+        from starlette.requests import ClientDisconnect
+        from starlette.responses import Response
+
+        if self._refused is not None:
+            return _error(403, self._refused)
+        if not is_loopback(request.url.hostname or ""):
+            return _error(403, "Host not allowed: this endpoint answers only its loopback address")
+        target = self._targets.get(request.path_params["path"])
+        if target is None:
+            return _error(404, f"only POST to /v1/{{{', '.join(RECORDED_ROUTES)}}} is recorded here")
+        rollout = request.path_params.get("rollout") or request.headers.get("x-art-rollout", "")
+        production = self.recorder is not None and scratch is None and not rollout
+        with self._lock:
+            trajectory = scratch if scratch is not None else self._rollouts.get(rollout)
+        if not production and (trajectory is None or trajectory._sealed):
+            return _error(404, "no open rollout here: its capture scope ended, or the id is unknown")
+        try:
+            body = await self._body(request)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except _Refused as refused:
+            return _error(refused.status, str(refused))
+        if production:  # record mode: production traffic, recorded under its trajectory
+            return await self.recorder.record(request, body, lambda into: self._forward(request, into))
+        assert trajectory is not None
+        return trajectory, target, body
+
+    async def _body(self, request: Any) -> bytes:
+        """The request's body: at most `max_body_bytes`, a JSON object nested at most `max_depth` deep (read once:
+        record mode admits a request twice)."""
+        cached = getattr(request.state, "art_body", None)
+        if cached is not None:
+            return cached
+        declared = request.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise _Refused(413, f"request body over the {self.max_body_bytes}-byte limit")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _Refused(413, f"request body over the {self.max_body_bytes}-byte limit")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        too_deep = _Refused(400, f"request body nested deeper than {self.max_depth} levels")
+        try:
+            payload = json.loads(body)
+        except RecursionError:
+            raise too_deep from None
+        except ValueError:
+            raise _Refused(400, "request body is not valid JSON") from None
+        if nesting_depth(payload, self.max_depth) > self.max_depth:
+            raise too_deep
+        if not isinstance(payload, dict):
+            raise _Refused(400, "request body must be a JSON object")
+        request.state.art_body = body
+        return body
+
+    def _check_key(self) -> None:
+        """Refuse `serve`'s admin key (its answers say so): a rollout URL must not carry the power to train."""
+        if not self.api_key:
+            return
+        try:
+            answer = httpx.get(
+                self._models_url, headers={"authorization": f"Bearer {self.api_key}"}, timeout=10
+            )
+        except httpx.HTTPError:
+            return  # not there yet: each answer is checked too
+        if answer.headers.get(KEY_SCOPE_HEADER) == "admin":
+            raise PermissionError(_ADMIN_KEY)
+
     def start(self) -> RecordingEndpoint:
         """Serve in a thread of its own (idempotent); returns once it answers."""
         if self._thread is not None:
             return self
+        self._check_key()
         try:
             import starlette  # noqa: F401
             import uvicorn
@@ -172,10 +253,11 @@ class RecordingEndpoint:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 self.port = int(probe.getsockname()[1])
-        config = uvicorn.Config(
+        config = uvicorn_config(
             self.app(),
             host="127.0.0.1",
             port=self.port,
+            limits=self.limits,
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -216,6 +298,24 @@ class RecordingEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_ADMIN_KEY = (
+    "this key is the admin key of the server upstream (`art-adapters serve --api-key`): a rollout URL must not "
+    "carry it; give the recording endpoint the inference key the server hands out (`model.inference_api_key`)"
+)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
 class _nothing:  # noqa: N801 - a null context manager

@@ -73,14 +73,15 @@ class LiveRecorder:
         return self.reward_key
 
     # ---- recording ---------------------------------------------------------------------------------------------
-    async def record(self, request: Any, forward: Callable[[Trajectory], Awaitable[Any]]) -> Any:
-        """Forward the request (`forward(scratch)` returns the ASGI response; the call is captured into
-        `scratch`) and store the call under its trajectory once the answer has been sent."""
+    async def record(self, request: Any, raw: bytes, forward: Callable[[Trajectory], Awaitable[Any]]) -> Any:
+        """Forward the request (its body `raw`, already read and bounded; `forward(scratch)` returns the ASGI
+        response, the call captured into `scratch`) and store the call under its trajectory once the answer has
+        been sent."""
         from starlette.responses import JSONResponse, Response
 
         named = request.headers.get(TRAJECTORY_HEADER)
         try:
-            body = json.loads(await request.body() or b"{}")
+            body = json.loads(raw or b"{}")
         except ValueError:
             body = {}
         messages = body.get("messages") if isinstance(body, dict) else None

@@ -11,6 +11,7 @@ import httpx
 
 from ..calls import SERVED_HEADER, VERSION_HEADER
 from ..trajectories import LLMCall, SampledChoice, Trajectory
+from ..untrusted import parse_step
 from .anthropic_api import final_message
 from .frameworks import source_of_context, with_handoffs
 from .responses_api import final_response, token_fields
@@ -159,10 +160,10 @@ class Exchange:
 
 def served_version(headers: httpx.Headers | None) -> dict[str, Any]:
     """The policy version and adapter our gateway names in an answer's headers (nothing from other servers)."""
-    version = headers.get(VERSION_HEADER) if headers is not None else None
-    if version is None or not version.isdigit():
+    version = parse_step(headers.get(VERSION_HEADER) or "") if headers is not None else None
+    if version is None:
         return {}
-    return {"policy_version": int(version), "served_model": headers.get(SERVED_HEADER)}  # type: ignore[union-attr]
+    return {"policy_version": version, "served_model": headers.get(SERVED_HEADER)}  # type: ignore[union-attr]
 
 
 def body_fields(body: dict[str, Any], streamed: bool = False) -> dict[str, Any]:

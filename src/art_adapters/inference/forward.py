@@ -14,6 +14,8 @@ import httpx
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from ..untrusted import forwarded_headers
+
 # Headers that describe one hop (RFC 9110 §7.6.1) or that the forwarder sets itself.
 HOP_HEADERS = frozenset(
     {
@@ -40,6 +42,13 @@ def openai_error(status: int, message: str, kind: str = "invalid_request_error")
 
 
 def end_to_end_headers(headers: httpx.Headers | Any) -> dict[str, str]:
+    """A client's request headers that go on to the engine: the APIs' own (`untrusted.FORWARDED_REQUEST_HEADERS`),
+    printable ASCII only. Never `X-Request-Id`, `X-data-parallel-rank`, cookies or a hop's headers."""
+    return forwarded_headers(headers.items())
+
+
+def response_headers(headers: httpx.Headers) -> dict[str, str]:
+    """An upstream answer's headers that go back to the client: all but those describing one hop."""
     return {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
 
 
@@ -94,7 +103,7 @@ class Forwarded(Response):
         if response is None:
             return
         try:
-            headers = end_to_end_headers(response.headers)
+            headers = response_headers(response.headers)
             if "content-length" in response.headers:  # raw bytes pass through, so the upstream length holds
                 headers["content-length"] = response.headers["content-length"]
             headers.update(self.extra_headers)
@@ -153,9 +162,7 @@ async def _bounded_body(response: httpx.Response) -> bytes:
 
 
 async def _send_whole(send: Send, response: httpx.Response, body: bytes, extra: dict[str, str]) -> None:
-    headers = {
-        k: v for k, v in end_to_end_headers(response.headers).items() if k.lower() != "content-encoding"
-    }
+    headers = {k: v for k, v in response_headers(response.headers).items() if k.lower() != "content-encoding"}
     headers.update(extra)
     headers["content-length"] = str(len(body))
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..calls import SERVED_HEADER, VERSION_HEADER
+from ..http_limits import ConnectionLimits, uvicorn_config
 from .forward import Forwarded, end_to_end_headers, openai_error
 from .process import find_free_port
 from .requests import RequestLimits, RequestRejected, parse_request
@@ -56,6 +57,7 @@ class Gateway:
     ) -> None:
         self.server = server
         self.limits = limits or RequestLimits()
+        self.connections = ConnectionLimits()  # connection cap and slow-client deadlines (set before start())
         self.api_key = "art-gw-" + secrets.token_urlsafe(24)
         self.port = find_free_port(port)
         self.table = VersionTable(self._load, self._unload, lambda: self.server.config.max_loras)
@@ -82,10 +84,11 @@ class Gateway:
         import uvicorn
 
         started = threading.Event()
-        config = uvicorn.Config(
+        config = uvicorn_config(
             self.app(),
             host="127.0.0.1",
             port=self.port,
+            limits=self.connections,
             log_level="warning",
             access_log=False,
             lifespan="off",

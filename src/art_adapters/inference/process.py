@@ -121,6 +121,38 @@ def find_free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int
         return int(s.getsockname()[1])
 
 
+def listener_owned_by(port: int, pgid: int) -> bool | None:
+    """Whether every socket listening on `port` (any address, IPv4 or IPv6) is held by a process of group `pgid`;
+    None when nothing listens there yet. Linux (`/proc`); elsewhere always None, as if not yet listening.
+
+    What keeps a local user from taking a child server's port (it is on the child's argv) before the child binds
+    it, and so receiving the key we send to check it is ready."""
+    listening = _listening_inodes(port)
+    if not listening:
+        return None
+    held: set[int] = set()
+    for pid in group_pids(pgid):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        held.add(int(target[8:-1]))
+    return listening <= held
+
+
+def _listening_inodes(port: int) -> set[int]:
+    inodes: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            next(rows, None)
+            for row in rows:
+                fields = row.split()
+                if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+    return inodes
+
+
 def tail_lines(path: str | os.PathLike[str], n: int = 40) -> str:
     try:
         with open(path, errors="replace") as f:

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..untrusted import nesting_depth
+
 # Fields vLLM accepts that steer the engine itself rather than sampling, and that no rollout needs:
 # disaggregated-prefill / encoder-cache transfer state (a deeply nested one kills the engine while it pickles the
 # scheduler output), extension arguments, engine request ids (another request's id can collide with it), and a
@@ -74,13 +76,17 @@ def parse_request(body: bytes, limits: RequestLimits, *, context_tokens: int | N
 
 
 def check_work(payload: dict[str, Any], limits: RequestLimits, context_tokens: int | None = None) -> None:
-    """Refuse a request asking for more choices or output tokens than the limits allow."""
+    """Refuse a request asking for more choices or output tokens than the limits allow. A completions `prompt`
+    given as a list is that many prompts, each with its `n` choices."""
     n = _count(payload, "n", 1)
     best_of = _count(payload, "best_of", n)
-    if max(n, best_of) > limits.max_n:
-        raise RequestRejected(
-            400, f"n={max(n, best_of)} is over this server's limit of {limits.max_n} choices"
-        )
+    prompts = prompt_count(payload.get("prompt"))
+    per_prompt = max(n, best_of)
+    choices = prompts * per_prompt
+    asked = f"{prompts} prompts x n={per_prompt}" if prompts != 1 else f"n={per_prompt}"
+    if choices > limits.max_n:
+        what = f"{asked} = {choices} choices, over" if prompts != 1 else f"{asked} is over"
+        raise RequestRejected(400, f"{what} this server's limit of {limits.max_n} choices")
     lengths = [_count(payload, key, 0) for key in _LENGTH_FIELDS if payload.get(key) is not None]
     length = max(lengths) if lengths else None
     if length is not None and limits.max_tokens is not None and length > limits.max_tokens:
@@ -88,13 +94,21 @@ def check_work(payload: dict[str, Any], limits: RequestLimits, context_tokens: i
             400, f"max_tokens={length} is over this server's limit of {limits.max_tokens} per choice"
         )
     per_choice = length if length is not None else context_tokens
-    if per_choice is not None and max(n, best_of) * per_choice > limits.max_request_tokens:
-        asked = f"max_tokens={length}" if length is not None else f"no max_tokens (up to {per_choice})"
+    if per_choice is not None and choices * per_choice > limits.max_request_tokens:
+        tokens = f"max_tokens={length}" if length is not None else f"no max_tokens (up to {per_choice})"
         raise RequestRejected(
             400,
-            f"n={max(n, best_of)} x {asked} asks for more than this server's {limits.max_request_tokens} output "
+            f"{asked} x {tokens} asks for more than this server's {limits.max_request_tokens} output "
             "tokens per request; lower n or max_tokens",
         )
+
+
+def prompt_count(prompt: Any) -> int:
+    """How many prompts a completions `prompt` holds: a string or one list of token ids is one; a list of
+    strings or of token-id lists is one each."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return len(prompt)
+    return 1
 
 
 def _count(payload: dict[str, Any], key: str, default: int) -> int:
@@ -104,27 +118,3 @@ def _count(payload: dict[str, Any], key: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise RequestRejected(400, f"{key!r} must be a non-negative integer, not {value!r}")
     return value
-
-
-def nesting_depth(value: Any, stop_at: int) -> int:
-    """Depth of nested lists/objects (a scalar is 0), counted without recursion; stops counting past `stop_at`."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > stop_at:
-            return deepest
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest
-
-
-def parse_step(text: str) -> int | None:
-    """A step number as clients and buckets write it: ASCII digits only (`"²".isdigit()` is true), at most 9."""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .requests import parse_step
+from ..untrusted import parse_step
 
 KEEP_OLD_S = 30.0  # an old version stays loaded this long after its last use (if the engine has room)
 

@@ -36,6 +36,7 @@ from art_adapters.inference.process import (
     find_free_port,
     group_pids,
     kill_group,
+    listener_owned_by,
     set_parent_death_signal,
     tail_lines,
 )
@@ -51,6 +52,13 @@ def _resolve(path: str | os.PathLike[str]) -> Path:
 
 class InferenceServerError(RuntimeError):
     """The vLLM server failed to start, died, or rejected a management call."""
+
+
+class PortTaken(InferenceServerError):
+    """Another process listens on the port vLLM was started for: it gets no key, vLLM starts elsewhere."""
+
+
+PORT_ATTEMPTS = 3
 
 
 class VLLMServer:
@@ -195,30 +203,43 @@ class VLLMServer:
             )
 
     async def start(self) -> VLLMServer:
+        """Start vLLM with a new key (a key sent to a port before a restart is worth nothing after it). A port
+        another process took before vLLM bound it (it is on vLLM's argv) gets no key: vLLM starts again elsewhere,
+        with another key, up to `PORT_ATTEMPTS` times."""
         if self.running:
             return self
         self.base_model = validate_model_dir(self.base_model)
         self.on_cuda = cuda_available()
-        self.port = find_free_port(self.requested_port)
-        if self.requested_port and self.port != self.requested_port:
-            log.warning("port %d is in use; vLLM will listen on %d", self.requested_port, self.port)
         t0 = time.perf_counter()
-        self.process = self._spawn()
-        LIVE_GROUPS.add(self.process.pid)
-        log.info("vLLM starting (pid %d, port %d, log %s)", self.process.pid, self.port, self.log_path)
-        try:
-            await self._wait_ready()
-            if self.config.warmup:
-                await self._warmup()
-        except BaseException:
-            await self.stop()
-            raise
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.api_key = "art-" + secrets.token_urlsafe(24)
+            self.port = find_free_port(self.requested_port if attempt == 1 else None)
+            if self.requested_port and self.port != self.requested_port:
+                log.warning("port %d is in use; vLLM will listen on %d", self.requested_port, self.port)
+            self.process = self._spawn()
+            LIVE_GROUPS.add(self.process.pid)
+            log.info("vLLM starting (pid %d, port %d, log %s)", self.process.pid, self.port, self.log_path)
+            try:
+                await self._wait_ready()
+                if self.config.warmup:
+                    await self._warmup()
+            except PortTaken as taken:
+                await self.stop()
+                if attempt == PORT_ATTEMPTS:
+                    raise InferenceServerError(f"{taken}; gave up after {attempt} ports") from None
+                log.warning("%s; starting vLLM again on another port, with another key", taken)
+                continue
+            except BaseException:
+                await self.stop()
+                raise
+            break
         self.startup_s = time.perf_counter() - t0
         log.info("vLLM ready at %s in %.1f s", self.base_url, self.startup_s)
         return self
 
     async def _wait_ready(self) -> None:
-        assert self.process is not None
+        """Poll until vLLM answers, sending the key only once the port's listener is vLLM's own."""
+        assert self.process is not None and self.port is not None
         deadline = time.monotonic() + self.config.startup_timeout_s
         async with httpx.AsyncClient(timeout=5.0) as client:
             while True:
@@ -228,9 +249,12 @@ class VLLMServer:
                         f"vLLM exited with code {code} during start-up; last lines of {self.log_path}:\n"
                         + tail_lines(self.log_path)
                     )
+                ours = listener_owned_by(self.port, self.process.pid)
+                if ours is False:
+                    raise PortTaken(f"port {self.port} was taken by another process before vLLM bound it")
                 try:
-                    r = await client.get(f"{self.base_url}/models", headers=self.headers)
-                    if r.status_code == 200:
+                    r = await client.get(f"{self.base_url}/models", headers=self.headers) if ours else None
+                    if r is not None and r.status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass

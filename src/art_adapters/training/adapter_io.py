@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..untrusted import parse_step
 from .parallel import copy_full_into, full
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def save_trainer(trainer: Trainer, directory: Path) -> Path:
 def load_trainer(trainer: Trainer, directory: Path) -> None:
     """Resume exactly from `save_trainer`; from a bare adapter dir, load its weights only (fresh optimizer). A
     checkpoint folder's name is its step (a step that trained nothing took over the previous step's folder)."""
-    named_step = int(directory.name) if directory.name.isascii() and directory.name.isdigit() else None
+    named_step = parse_step(directory.name)
     if not (directory / OPTIMIZER_STATE).exists():
         load_adapter_weights(trainer.model, directory)
         info = directory / TRAINER_STATE

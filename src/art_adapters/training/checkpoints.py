@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..trajectories import Trajectory, write_jsonl
+from ..untrusted import parse_step
 
 _TEMP_PREFIX = ".tmp-"
+# What a checkpoint holds for the trainer alone (resume): never shipped with a deployed adapter.
+TRAINER_ONLY_FILES = frozenset({"optimizer.pt", "trainer_state.json"})
 
 
 def model_dir(project: str, name: str, art_path: str | Path = ".art") -> Path:
@@ -30,12 +33,19 @@ def checkpoint_dir(model_dir: str | Path, step: int) -> Path:
     return checkpoints_dir(model_dir) / f"{step:04d}"
 
 
+def serving_files(checkpoint: str | Path) -> list[Path]:
+    """The files of a checkpoint a server needs (the adapter and its config), not the trainer's state."""
+    root = Path(checkpoint)
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in TRAINER_ONLY_FILES)
+
+
 def list_steps(model_dir: str | Path) -> list[int]:
     """Steps with a complete (visible) checkpoint, ascending."""
     root = checkpoints_dir(model_dir)
     if not root.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    steps = (parse_step(p.name) for p in root.iterdir() if p.is_dir())
+    return sorted(step for step in steps if step is not None)
 
 
 def latest_step(model_dir: str | Path) -> int:

@@ -1,0 +1,102 @@
+"""A shared or forked bucket from an attacker's side (a real S3 server, moto's): object keys that climb out of the
+model's folder, absolute tails, and step numbers in other scripts' digits. Nothing lands outside the folder, the
+good files still arrive, and one bad key breaks no pull."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+import art_adapters as art
+from art_adapters.backend import s3
+from fixtures_s3 import BUCKET
+
+PREFIX = "runs/2048/models/agent-001/"
+
+
+def put(client: object, key: str, body: bytes = b"x") -> None:
+    client.put_object(Bucket=BUCKET, Key=key, Body=body)  # type: ignore[attr-defined]
+
+
+def a_checkpoint(client: object, step: str) -> None:
+    put(client, f"{PREFIX}checkpoints/{step}/adapter_model.safetensors", b"w" * 64)
+    put(client, f"{PREFIX}checkpoints/{step}/adapter_config.json", json.dumps({"r": 8}).encode())
+
+
+def planted_anywhere() -> bool:
+    return Path("/tmp/pwned").exists() or Path("/escape").exists()
+
+
+def files_under(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+async def test_keys_that_climb_out_of_the_model_folder_write_nothing_there(
+    s3_server: object, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`../../x`, an absolute tail (`prefix//abs/...`: a `.pth` there runs at the next Python start) and
+    `checkpoints/0001/../../../../x` each wrote a file above the model folder."""
+    home = tmp_path / "home"
+    escape = home / "escape"
+    climbing = [
+        f"{PREFIX}../../../../escape/climbed.pth",
+        f"{PREFIX}/{escape.as_posix().lstrip('/')}/absolute.pth",
+        f"{PREFIX}checkpoints/0001/../../../../../escape/nested.pth",
+        f"{PREFIX}checkpoints/0001/./adapter_model.safetensors",
+        f"{PREFIX}trajectories//train.jsonl",
+    ]
+    for key in climbing:
+        put(s3_server, key, b"import os; os.system('id > /tmp/pwned')")
+    a_checkpoint(s3_server, "0001")
+    put(s3_server, f"{PREFIX}history.jsonl", b'{"step": 1}\n')
+    backend = art.LocalBackend(home / "art")
+    model = art.TrainableModel(name="agent-001", project="2048", base_model="tiny")
+    with caplog.at_level(logging.WARNING, logger="art_adapters.backend.s3"):
+        await backend._experimental_pull_from_s3(model, prefix="runs")
+        await backend._experimental_pull_from_s3(model, prefix="runs", only_step=1)
+    folder = backend.model_dir(model)
+    assert files_under(home) == {
+        f"{folder.relative_to(home).as_posix()}/{name}"
+        for name in (
+            "history.jsonl",
+            "checkpoints/0001/adapter_config.json",
+            "checkpoints/0001/adapter_model.safetensors",
+        )
+    }
+    assert not planted_anywhere()
+    assert (folder / "checkpoints/0001/adapter_model.safetensors").read_bytes() == b"w" * 64
+    refused = " ".join(r.getMessage() for r in caplog.records)
+    assert "climbed.pth" in refused and "absolute.pth" in refused and "nested.pth" in refused
+
+
+def test_a_destination_outside_the_folder_is_refused_even_through_a_link(tmp_path: Path) -> None:
+    """The resolved destination is checked too: a link inside the folder does not carry a write outside it."""
+    folder, outside = tmp_path / "model", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (folder / "trajectories").symlink_to(outside)
+    assert s3.local_destination(folder, "history.jsonl") == folder.resolve() / "history.jsonl"
+    for key in ("trajectories/train/0001.jsonl", "../x", "a//b", "/etc/passwd", "a/./b", "a\\..\\b"):
+        with pytest.raises(s3.S3SyncError, match="outside|refused"):
+            s3.local_destination(folder, key)
+
+
+async def test_step_numbers_in_other_digits_are_not_steps_and_break_no_pull(
+    s3_server: object, tmp_path: Path
+) -> None:
+    """`"²".isdigit()` is True and `int("²")` raises: one such key made every pull of the prefix fail."""
+    a_checkpoint(s3_server, "0002")
+    a_checkpoint(s3_server, "²")
+    a_checkpoint(s3_server, "٣")  # Arabic-Indic three: int() reads it as 3
+    location = s3.S3Location.of("2048", "agent-001", BUCKET, "runs")
+    assert s3.remote_steps(s3.remote_files(s3.client(), location)) == [2]
+    backend = art.LocalBackend(tmp_path)
+    model = art.TrainableModel(name="agent-001", project="2048", base_model="tiny")
+    await backend._experimental_pull_from_s3(model, prefix="runs")
+    checkpoints = backend.model_dir(model) / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0002"]
+    (checkpoints / "³").mkdir()  # a stray local folder is not a step either
+    assert art.training.checkpoints.list_steps(backend.model_dir(model)) == [2]
