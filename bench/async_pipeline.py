@@ -113,11 +113,11 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--learning-rate", type=float, default=1.5e-3)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--max-steps-off-policy", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     from art_adapters.training.quiet import quiet_import_notes

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import art_adapters as art
-from art_adapters.capture.anthropic_api import chat_choice, chat_messages, chat_tools, final_message
+from art_adapters.apis.anthropic import chat_choice, chat_messages, chat_tools, final_message
 from art_adapters.openai import wrap_rollout
 from art_adapters.testing import Reply, ScriptedServer
 

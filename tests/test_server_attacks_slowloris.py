@@ -33,7 +33,7 @@ HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
 
 
 def _serve_main(argv: list[str]) -> None:
-    from art_adapters.backend.server import serve
+    from art_adapters.backend.launch import serve
     from test_remote_backend import FakeBackend
 
     backend = FakeBackend(argv[1], "http://127.0.0.1:9/v1")

@@ -31,7 +31,7 @@ KEY = "reliability-key"
 
 
 def _serve_main(argv: list[str]) -> None:
-    from art_adapters.backend.server import serve
+    from art_adapters.backend.launch import serve
     from art_adapters.testing import Reply
 
     port, path, delay, key = int(argv[0]), argv[1], float(argv[2]), argv[3]
@@ -295,13 +295,13 @@ async def test_512_concurrent_chats_through_the_proxy(tmp_path: Path) -> None:
 @pytest.mark.vllm
 @pytest.mark.train
 async def test_local_backend_over_http_survives_sigkill_mid_step(tmp_path: Path, tiny_model: Path) -> None:
-    """The real thing: `python -m art_adapters.backend.server` (LocalBackend, vLLM, trainer) in a subprocess."""
+    """The real thing: `python -m art_adapters.backend.launch` (LocalBackend, vLLM, trainer) in a subprocess."""
     import psutil
 
     from art_adapters.demo import SCENARIOS, rollout
 
     port, root = free_port(), tmp_path / "art"
-    command = [sys.executable, "-m", "art_adapters.backend.server", "--port", str(port), "--path", str(root)]
+    command = [sys.executable, "-m", "art_adapters.backend.launch", "--port", str(port), "--path", str(root)]
     command += ["--allow-base-model", str(tiny_model)]
     env = {**os.environ, "ART_ADAPTERS_API_KEY": KEY}
 

@@ -12,8 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from art_adapters.backend import server
-from art_adapters.backend.server import check_bind, create_app, is_loopback
+from art_adapters.backend import launch
+from art_adapters.backend.launch import check_bind
+from art_adapters.backend.server import create_app
+from art_adapters.untrusted import is_loopback
 from test_remote_backend import FakeBackend, group, trainable
 
 KEY = "s3cret-key"
@@ -63,7 +65,7 @@ def test_beyond_loopback_without_key_refuses_to_start(host: str, monkeypatch: py
     started: list[Any] = []
     monkeypatch.setattr("uvicorn.Server.run", lambda server, *a, **k: started.append(server))
     with pytest.raises(SystemExit, match="refusing to listen on .* without an API key.*--api-key"):
-        server.serve(host=host, port=1, backend=object())  # type: ignore[arg-type]
+        launch.serve(host=host, port=1, backend=object())  # type: ignore[arg-type]
     assert started == []
     check_bind(host, KEY)  # with a key it may
 
@@ -71,7 +73,7 @@ def test_beyond_loopback_without_key_refuses_to_start(host: str, monkeypatch: py
 def test_cli_refuses_and_env_key_allows(monkeypatch: pytest.MonkeyPatch, fake: FakeBackend) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ART_ADAPTERS_API_KEY"}
     done = subprocess.run(
-        [sys.executable, "-m", "art_adapters.backend.server", "--host", "0.0.0.0", "--port", "1"],
+        [sys.executable, "-m", "art_adapters.backend.launch", "--host", "0.0.0.0", "--port", "1"],
         env=env,
         capture_output=True,
         text=True,
@@ -82,7 +84,7 @@ def test_cli_refuses_and_env_key_allows(monkeypatch: pytest.MonkeyPatch, fake: F
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr("uvicorn.Server.run", lambda server: calls.append(vars(server.config)))
     monkeypatch.setenv("ART_ADAPTERS_API_KEY", KEY)
-    server.serve(host="0.0.0.0", port=1234, backend=fake)
+    launch.serve(host="0.0.0.0", port=1234, backend=fake)
     assert calls and calls[0]["host"] == "0.0.0.0" and calls[0]["port"] == 1234
 
 

@@ -315,7 +315,7 @@ def test_responses_logprobs_of_a_cut_tail_are_unknown_not_dropped() -> None:
     back from the text): those become NaN at the tail of a text answer; a function-call answer keeps none."""
     import math
 
-    from art_adapters.capture.responses_api import token_fields
+    from art_adapters.apis.responses import token_fields
 
     part = {"type": "output_text", "text": "ab", "logprobs": [{"logprob": -0.5}, {"logprob": -0.25}]}
     body: dict[str, Any] = {

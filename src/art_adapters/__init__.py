@@ -5,8 +5,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
-from .capture.rollout_scope import (
+from .adapters.rollout_scope import (
+    SCOPES,
     auto_trajectory,
     capture_auto_trajectory,
     capture_yielded_trajectory,
@@ -15,6 +15,7 @@ from .capture.rollout_scope import (
     trajectory_group,
     yield_trajectory,
 )
+from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
 from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, UnsupportedARTSetting
 from .config import LoRAConfig, SFTConfig, TrainConfig, TrainSFTConfig
 from .decorators import retry
@@ -30,6 +31,7 @@ from .trajectories import (
     Tools,
     Trajectory,
     TrajectoryGroup,
+    provide_rollout_scopes,
 )
 
 if TYPE_CHECKING:
@@ -53,6 +55,10 @@ if TYPE_CHECKING:
     from .rewards import RulerError, ruler, ruler_score_group
     from .tracing.langfuse import LangfuseExporter
     from .tracing.wandb import WandbLogger
+
+provide_rollout_scopes(
+    SCOPES
+)  # `with art.Trajectory()`, `await art.TrajectoryGroup(...)`: the composition root
 
 __version__ = "0.1.0"
 

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .apis import anthropic as anthropic_api
+from .apis import responses as responses_api
 from .sources import CallSource
 
 Message = dict[str, Any]
@@ -135,11 +137,5 @@ class LLMCall(BaseModel):
 
 
 def _api_view(api: str) -> Any:
-    """The module giving the chat-format view of a Responses or Messages call (imported when first needed)."""
-    if api == "responses":
-        from .capture import responses_api
-
-        return responses_api
-    from .capture import anthropic_api
-
-    return anthropic_api
+    """The module giving the chat-format view of a Responses or Messages call."""
+    return responses_api if api == "responses" else anthropic_api

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
-        from .backend.server import serve_command
+        from .backend.launch import serve_command
 
         serve_command(argv[1:])
         return 0

@@ -6,56 +6,27 @@ import copy
 import inspect
 import json
 import time
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .calls import LLMCall, Message, Tools
 from .calls import SampledChoice as SampledChoice  # re-exported: its home before calls.py
+from .conversations import conversations_by, histories_by, main_index
+from .history import History as History
+from .history import MainPolicy as MainPolicy
+from .history import MessageOrChoice as MessageOrChoice
+from .history import Messages as Messages
+from .history import MessagesAndChoices as MessagesAndChoices
+from .history import MetadataValue as MetadataValue
+from .history import PydanticException as PydanticException
+from .history import get_messages as get_messages
+from .history import messages_of as messages_of
 from .sources import SplitBy
-
-Messages = list[Message]
-MessageOrChoice = Annotated[Choice | Message, Field(union_mode="left_to_right")]
-MessagesAndChoices = list[MessageOrChoice]
-MetadataValue = float | int | str | bool | None
-MainPolicy = Literal["first", "last", "most_calls"]
-
-
-class PydanticException(BaseModel):
-    """A rollout's exception as data (JSON-safe): its type name, message and formatted traceback."""
-
-    type: str
-    message: str
-    traceback: str = ""
-
-    def __getitem__(self, key: str) -> str:  # dict-style access, as the JSON form reads
-        return str(getattr(self, key))
-
-    @classmethod
-    def of(cls, error: BaseException) -> PydanticException:
-        return cls(
-            type=type(error).__name__,
-            message=str(error),
-            traceback="".join(traceback.format_exception(error)),
-        )
-
-
-class History(BaseModel):
-    """A conversation that does not extend the main one (a sub-agent, a summariser)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    messages_and_choices: MessagesAndChoices = Field(default_factory=list)
-    tools: Tools | None = None
-    llm_calls: list[LLMCall] = Field(default_factory=list)
-
-    def messages(self) -> list[Message]:
-        return messages_of(self.messages_and_choices)
 
 
 class Trajectory(BaseModel):
@@ -127,20 +98,14 @@ class Trajectory(BaseModel):
 
     def __enter__(self) -> Trajectory:
         """`with art.Trajectory() as t:` records every chat completion made inside into `t` (ART main's scope)."""
-        from .capture.rollout_scope import enter_trajectory
-
-        return enter_trajectory(self)
+        return rollout_scopes().enter_trajectory(self)
 
     def __exit__(self, *exc_info: Any) -> None:
-        from .capture.rollout_scope import exit_trajectory
-
-        exit_trajectory(self, *exc_info)
+        rollout_scopes().exit_trajectory(self, *exc_info)
 
     def histories(self, by: SplitBy = "role") -> dict[str | None, list[History]]:
         """The captured calls grouped by where they came from (`"node"`, `"agent"` or `"role"`, see
         `CallSource.key`), each group's conversations as Histories; key None holds calls with no such source."""
-        from .capture.conversations import histories_by
-
         return histories_by(self.llm_calls, by)
 
     def finish(self, main: MainPolicy = "last", split_by: SplitBy | None = None) -> Trajectory:
@@ -154,8 +119,6 @@ class Trajectory(BaseModel):
         new history). The main one is then the group holding the chosen call.
         """
         if not self.messages_and_choices and self.llm_calls:
-            from .capture.conversations import conversations_by, main_index
-
             conversations = conversations_by(self.llm_calls, split_by)
             if conversations:
                 index = main_index(conversations, self.llm_calls, main)
@@ -178,27 +141,6 @@ class Trajectory(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> Trajectory:
         return cls.model_validate_json(text)
-
-
-def messages_of(items: MessagesAndChoices) -> list[Message]:
-    """Message dicts of a conversation: Choices as assistant messages, and `content: None` as "" (ART's rule)."""
-    out: list[Message] = []
-    for item in items:
-        if isinstance(item, Choice):
-            message = item.message.model_dump(exclude_none=True, exclude_unset=False)
-            message = {k: v for k, v in message.items() if k in _MESSAGE_KEYS}
-        else:
-            message = dict(item)
-        if message.get("content") is None:
-            message["content"] = ""
-        out.append(message)
-    return out
-
-
-get_messages = messages_of  # ART's name
-
-
-_MESSAGE_KEYS = {"role", "content", "tool_calls", "name", "refusal", "function_call"}
 
 
 class TrajectoryGroup(BaseModel):
@@ -283,24 +225,14 @@ class TrajectoryGroup(BaseModel):
 
     def __enter__(self) -> TrajectoryGroup:
         """`with art.TrajectoryGroup() as g:` collects each `with art.Trajectory()` that closes inside."""
-        from .capture.rollout_scope import enter_group
-
-        return enter_group(self)
+        return rollout_scopes().enter_group(self)
 
     def __exit__(self, *exc_info: Any) -> None:
-        from .capture.rollout_scope import exit_group
-
-        exit_group(self)
+        rollout_scopes().exit_group(self)
 
     def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
         """Run the pending rollouts (any failure raises; use `gather_trajectory_groups` to tolerate some)."""
-        from .gather import gather_trajectory_groups
-
-        async def run() -> TrajectoryGroup:
-            groups = await gather_trajectory_groups([self], pbar_desc=None)
-            return groups[0]
-
-        return run().__await__()
+        return rollout_scopes().gather(self).__await__()
 
 
 class RolloutError(RuntimeError):
@@ -329,20 +261,42 @@ def dumps_group(group: TrajectoryGroup) -> str:
     return json.dumps(group.model_dump(mode="json"))
 
 
+# ---- the behaviour the layers above give these objects ------------------------------------------------------------
+
+
+class RolloutScopes(Protocol):
+    """What `with Trajectory()`, `with TrajectoryGroup()` and `await TrajectoryGroup(...)` do: capture scopes and
+    gathering, which live above the data contract. The contract names them here; `art_adapters` (its package
+    initialiser, the composition root) provides them from `adapters/rollout_scope.py`, so this module imports
+    nothing above it. `names`: ART main's scope functions, also importable from here."""
+
+    names: dict[str, Any]
+
+    def enter_trajectory(self, trajectory: Trajectory) -> Trajectory: ...
+    def exit_trajectory(self, trajectory: Trajectory, *exc_info: Any) -> None: ...
+    def enter_group(self, group: TrajectoryGroup) -> TrajectoryGroup: ...
+    def exit_group(self, group: TrajectoryGroup) -> None: ...
+    def gather(self, group: TrajectoryGroup) -> Awaitable[TrajectoryGroup]: ...
+
+
+_scopes: list[RolloutScopes] = []
+
+
+def provide_rollout_scopes(scopes: RolloutScopes) -> None:
+    """Give trajectories their scopes (called once, by `art_adapters/__init__.py`)."""
+    _scopes[:] = [scopes]
+
+
+def rollout_scopes() -> RolloutScopes:
+    if not _scopes:
+        raise RuntimeError(
+            "rollout scopes are provided by the art_adapters package: import art_adapters first"
+        )
+    return _scopes[0]
+
+
 def __getattr__(name: str) -> Any:
     """ART main's scope functions, also importable from here (`from art.trajectories import trajectory`)."""
-    if name in _SCOPE_NAMES:
-        from .capture import rollout_scope
-
-        return getattr(rollout_scope, name)
+    if _scopes and name in _scopes[0].names:
+        return _scopes[0].names[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_SCOPE_NAMES = {
-    "auto_trajectory",
-    "capture_auto_trajectory",
-    "current_trajectory",
-    "current_trajectory_group",
-    "trajectory",
-    "trajectory_group",
-}

@@ -10,10 +10,10 @@ from ..http_limits import ConnectionLimits, uvicorn_config
 from ..inference.requests import RequestLimits
 from ..untrusted import is_loopback
 from .base import Backend
+from .server import DEFAULT_MAX_BODY_BYTES, create_app
 
 API_KEY_ENV = "ART_ADAPTERS_API_KEY"
 INFERENCE_KEY_ENV = "ART_ADAPTERS_INFERENCE_KEY"
-DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 log = logging.getLogger("art_adapters.server")
 
 
@@ -81,8 +81,6 @@ def serve(
             trainer_nodes=trainer_nodes,
             trainer_master=trainer_master,
         )
-    from .server import create_app
-
     app = create_app(
         backend,
         api_key=api_key,
@@ -215,3 +213,7 @@ def serve_command(argv: list[str] | None = None) -> None:
         record=args.record,
         connections=ConnectionLimits(max_connections=args.max_connections),
     )
+
+
+if __name__ == "__main__":
+    serve_command()

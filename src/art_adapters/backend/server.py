@@ -28,16 +28,8 @@ from .proxy import Guard, InferenceProxy
 
 log = logging.getLogger("art_adapters.server")
 
-from .launch import (  # noqa: E402 - the launcher's names, importable from here as before
-    API_KEY_ENV,
-    DEFAULT_MAX_BODY_BYTES,
-    INFERENCE_KEY_ENV,
-    check_bind,
-    is_loopback,
-    serve,
-    serve_command,
-)
 
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 NDJSON = "application/x-ndjson"
 T = TypeVar("T")
 
@@ -398,15 +390,6 @@ def _jsonable(value: Any) -> Any:
 
 
 __all__ = [
-    "API_KEY_ENV",
-    "INFERENCE_KEY_ENV",
-    "check_bind",
     "create_app",
-    "is_loopback",
     "registered_base_models",
-    "serve",
-    "serve_command",
 ]
-
-if __name__ == "__main__":
-    serve_command()

@@ -22,11 +22,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..conversations import message_key
 from ..redaction import Redactor, apply, drop_secrets
 from ..store import RewardConflict, TrajectoryStore, open_store
 from ..store.sql import check_id
 from ..trajectories import Trajectory
-from .conversations import message_key
 from .scope import CURRENT
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,12 @@ from typing import Any
 
 import httpx
 
+from ..apis.anthropic import final_message
+from ..apis.responses import final_response, token_fields
 from ..calls import SERVED_HEADER, VERSION_HEADER
 from ..trajectories import LLMCall, SampledChoice, Trajectory
 from ..untrusted import parse_step
-from .anthropic_api import final_message
 from .frameworks import source_of_context, with_handoffs
-from .responses_api import final_response, token_fields
 from .sse import parse_events, reassemble
 
 log = logging.getLogger(__name__)

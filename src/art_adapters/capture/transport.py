@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
+from ..apis.responses import ask_token_ids as ask_responses_token_ids
 from ..calls import endpoint_kind, policy_token_spans
 from .record import Exchange, decode, served_version
-from .responses_api import ask_token_ids as ask_responses_token_ids
 from .sampling import sampling_note
 from .scope import CURRENT
 

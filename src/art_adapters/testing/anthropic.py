@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..capture.anthropic_api import chat_messages, chat_tools
+from ..apis.anthropic import chat_messages, chat_tools
 from .replies import END, Rendered, Reply, prompt_text, render_tool_call, token_ids
 
 

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from ..capture.responses_api import LOGPROBS_INCLUDE, chat_messages, chat_tools
+from ..apis.responses import LOGPROBS_INCLUDE, chat_messages, chat_tools
 from .replies import END, Rendered, Reply, logprob_entries, prompt_text, render_tool_call, token_ids
 
 

@@ -311,7 +311,7 @@ def _choice_ref(choice: Choice, calls: list[LLMCall]) -> dict[str, Any] | None:
 
 def unpack_trajectory(text: str | dict[str, Any], calls: dict[int, LLMCall]) -> Trajectory:
     """The Trajectory a record describes, its calls (by record index) put back where they were."""
-    from ..capture.conversations import choice_of
+    from ..conversations import choice_of
 
     record = load_record(text)
     ordered = [calls[i] for i in sorted(calls)]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..trajectories import Trajectory, TrajectoryGroup
 
-if TYPE_CHECKING:
-    from .langfuse import Exportable, LangfuseExporter
+Exportable = Trajectory | TrajectoryGroup | Iterable["Trajectory | TrajectoryGroup"]
 
 log = logging.getLogger("art_adapters.tracing.langfuse")
 
@@ -45,9 +45,9 @@ class Unreachable(logging.Filter):
         "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     )
 
-    def __init__(self, exporter: LangfuseExporter, url: str) -> None:
+    def __init__(self, say_unreachable: Callable[[str], None], url: str) -> None:
         super().__init__()
-        self.exporter = exporter
+        self.say_unreachable = say_unreachable
         self.url = url
         self.failures = 0
         self.said = False
@@ -62,7 +62,7 @@ class Unreachable(logging.Filter):
         self.failures += 1
         if not self.said:
             self.said = True
-            self.exporter._say_unreachable(self.url)
+            self.say_unreachable(self.url)
         return False
 
 

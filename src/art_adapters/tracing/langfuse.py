@@ -14,19 +14,16 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterable
 from typing import Any, Literal
 
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import TrajectoryGroup
 from ._convert import Obs, TracePlan, new_trace_id, plan_trace
 from ._dedupe import OURS, HandlerGenerations, install_recorder
 from ._records import CALL_KEY, SKIPPED_CALLS_KEY
-from ._sdk import ErrorCounter, Unreachable, flatten, quietly
+from ._sdk import ErrorCounter, Exportable, Unreachable, flatten, quietly
 from .langfuse_import import ImportStats, TraceImport, import_trajectories
 
 log = logging.getLogger(__name__)
-
-Exportable = Trajectory | TrajectoryGroup | Iterable["Trajectory | TrajectoryGroup"]
 
 
 class LangfuseExporter:
@@ -81,7 +78,7 @@ class LangfuseExporter:
         self._sdk_thread: threading.Thread | None = None
         self._errors = ErrorCounter()
         self._handler_generations: HandlerGenerations | None = None
-        self._unreachable = Unreachable(self, "Langfuse")
+        self._unreachable = Unreachable(self._say_unreachable, "Langfuse")
         self._client = self._make_client(public_key, secret_key, base_url)
         self._worker = threading.Thread(target=self._run, name="art-langfuse-export", daemon=True)
         self._worker.start()

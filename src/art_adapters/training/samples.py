@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
-from ..capture.conversations import message_key
 from ..capture.sampling import unreproducible_settings
+from ..conversations import message_key
 from ..sources import CallSource
 from ..trajectories import History, LLMCall, Tools, Trajectory, messages_of
 from .render import ChatTokenizer, chat_template_ids

@@ -1,6 +1,7 @@
-"""ART's scope API (`with art.Trajectory()`, `art.trajectory(...)`, `current_trajectory()`, `yield_trajectory`)
-as names for the one capture mechanism: the adapters' scope (recording transport + contextvar) with no model, so
-every chat completion made inside, by any httpx-based client, is recorded."""
+"""ART's scope API (`with art.Trajectory()`, `art.trajectory(...)`, `current_trajectory()`, `yield_trajectory`,
+`await art.TrajectoryGroup(...)`) as names for the one capture mechanism: the adapters' scope (recording transport
++ contextvar) with no model, so every chat completion made inside, by any httpx-based client, is recorded. The
+data contract names this behaviour (`trajectories.RolloutScopes`); `SCOPES` is what `art_adapters` gives it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ from collections.abc import Coroutine, Iterable
 from contextvars import ContextVar
 from typing import Any
 
+from ..capture.scope import current_trajectory
+from ..gather import gather_trajectory_groups
 from ..trajectories import Trajectory, TrajectoryGroup, exception_record
-from .scope import current_trajectory
+from .base import scope
 
 _GROUPS: ContextVar[tuple[TrajectoryGroup, ...]] = ContextVar("art_adapters_groups", default=())
 
 
 def enter_trajectory(trajectory: Trajectory) -> Trajectory:
-    from ..adapters.base import scope
-
     if trajectory._scope is not None:
         raise RuntimeError("this Trajectory's scope is already open")
     manager = scope(None, trajectory=trajectory, main="first")
@@ -125,3 +126,29 @@ async def capture_yielded_trajectory(coroutine: Coroutine[Any, Any, Any]) -> Tra
     if holder.trajectory is None:
         raise RuntimeError("the coroutine finished without calling yield_trajectory(...)")
     return holder.trajectory
+
+
+async def gather_group(group: TrajectoryGroup) -> TrajectoryGroup:
+    """`await group`: run its pending rollouts (any failure raises; `gather_trajectory_groups` tolerates some)."""
+    return (await gather_trajectory_groups([group], pbar_desc=None))[0]
+
+
+class _Scopes:
+    """The rollout scopes `Trajectory` and `TrajectoryGroup` open and await (see the module docstring)."""
+
+    enter_trajectory = staticmethod(enter_trajectory)
+    exit_trajectory = staticmethod(exit_trajectory)
+    enter_group = staticmethod(enter_group)
+    exit_group = staticmethod(exit_group)
+    gather = staticmethod(gather_group)
+    names = {
+        "auto_trajectory": auto_trajectory,
+        "capture_auto_trajectory": capture_auto_trajectory,
+        "current_trajectory": current_trajectory,
+        "current_trajectory_group": current_trajectory_group,
+        "trajectory": trajectory,
+        "trajectory_group": trajectory_group,
+    }
+
+
+SCOPES = _Scopes()

@@ -11,8 +11,9 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
-from ..sources import SplitBy
-from ..trajectories import History, LLMCall, Message, MessageOrChoice, Tools
+from .calls import LLMCall, Message, Tools
+from .history import History, MessageOrChoice
+from .sources import SplitBy
 
 Key = tuple[Any, ...]
 
