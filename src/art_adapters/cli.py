@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_command(argv[1:])
         return 0
     if argv[:1] == ["trainer-worker"]:
-        from .training.sharded import trainer_worker_command
+        from .training.launcher import trainer_worker_command
 
         return trainer_worker_command(argv[1:])
     if argv[:1] == ["doctor"]:
