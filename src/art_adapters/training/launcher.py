@@ -58,8 +58,8 @@ class WorkerSpec:
         ]
 
     def join_command(self, node_rank: int, master: str) -> str:
-        """The shell command another host runs to join (quoted to survive copy and paste; the token travels in
-        the environment, never on a command line)."""
+        """The shell command another host runs to join, quoted to survive copy and paste (the token travels in
+        the environment, TOKEN_ENV, never on a command line)."""
         argv = [
             "art-adapters",
             "trainer-worker",
@@ -77,7 +77,7 @@ class WorkerSpec:
             f"--collective-timeout={self.collective_timeout_s}",
             f"--hsdp={int(self.hsdp)}",
         ]
-        return f"{TOKEN_ENV}=<the token> " + shlex.join(argv)
+        return shlex.join(argv)
 
 
 class Ranks:

@@ -24,8 +24,9 @@ from typing import Any
 
 from ..config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
-from .launcher import WORKER_MODULE, Ranks, WorkerSpec, host_env
-from .rendezvous import join_token
+from . import launcher
+from .launcher import Ranks, WorkerSpec, host_env
+from .rendezvous import TOKEN_ENV, join_token
 from .tokenize import TokenizationError
 from .wire import receive, send
 
@@ -42,8 +43,8 @@ class ShardedTrainer:
     """`processes` trainer processes on this host (`gpu_ids`: one GPU each; none: CPU, gloo). With `nodes > 1`,
     this host is node 0 and rank 0 serves the rendezvous at `master` ("host:port", reachable by the others,
     which join with the command this logs; every host needs the same ART_ADAPTERS_TRAINER_TOKEN). `options`:
-    activation checkpointing, HSDP across hosts, timeouts. `worker_module`: the module each process runs (tests
-    wrap the worker in one that injects faults)."""
+    activation checkpointing, HSDP across hosts, timeouts. `worker_module`: the module each process runs (default
+    `launcher.WORKER_MODULE`; tests wrap the worker in one that injects faults)."""
 
     def __init__(
         self,
@@ -59,7 +60,7 @@ class ShardedTrainer:
         max_seq_len: int = 2048,
         options: ShardedTrainerOptions | None = None,
         start_timeout_s: float = 900.0,
-        worker_module: str = WORKER_MODULE,
+        worker_module: str | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"trainer processes must be >= 1, not {processes}")
@@ -100,9 +101,10 @@ class ShardedTrainer:
         store = f"tcp:{master}" if nodes > 1 else f"file:{self._folder / 'store'}"
         for node in range(1, nodes):
             log.info(
-                "trainer node 0 of %d waits at %s; on host %d run: %s",
+                "trainer node 0 of %d waits at %s; with %s set to the same token, on host %d run: %s",
                 nodes,
                 master,
+                TOKEN_ENV,
                 node,
                 spec.join_command(node, str(master)),
             )
@@ -111,7 +113,8 @@ class ShardedTrainer:
         listener.listen(1)
         try:
             self._ranks = Ranks(
-                spec.argv(store, worker_module) + [f"--socket={self._folder / 'control.sock'}"],
+                spec.argv(store, worker_module or launcher.WORKER_MODULE)
+                + [f"--socket={self._folder / 'control.sock'}"],
                 processes=processes,
                 node_rank=0,
                 nodes=nodes,
@@ -249,8 +252,10 @@ class ShardedTrainer:
                 try:
                     message = receive(self._conn)
                 except (OSError, ConnectionError) as error:
-                    self._ranks.wait_all(2.0)  # its exit code and its peers' say more than the socket
-                    self._fail(f"the trainer's leader went away ({error})")
+                    self._ranks.wait_all(2.0)  # the exit codes say more than the socket
+                    self._fail(
+                        f"the trainer's leader went away ({error}); {self._exits()}", first=self._culprit()
+                    )
                 if "heartbeat" not in message:
                     return message
                 heard = now
@@ -282,6 +287,20 @@ class ShardedTrainer:
             return conn
         self._fail(f"the trainer processes did not start within {timeout_s:.0f} s")
         raise AssertionError  # unreachable
+
+    def _exits(self) -> str:
+        codes = [(rank, p.poll()) for rank, p in self._ranks.processes.items()]
+        return ", ".join(
+            f"rank {rank} exited with {_exit_text(code)}" if code is not None else f"rank {rank} still ran"
+            for rank, code in codes
+        )
+
+    def _culprit(self) -> int | None:
+        """The rank most likely to have failed first: one killed by a signal, else a follower that failed."""
+        codes = {rank: p.poll() for rank, p in self._ranks.processes.items()}
+        signalled = [rank for rank, code in codes.items() if code is not None and code < 0]
+        failed = [rank for rank, code in codes.items() if code and rank != 0]
+        return (signalled or failed or [None])[0]
 
     def _fail(self, why: str, first: int | None = None) -> Any:
         """Take every process down, remember the trainer is dead, raise with their logs."""
