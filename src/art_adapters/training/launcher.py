@@ -166,10 +166,14 @@ class Ranks:
 
 
 def host_env(single_host: bool, token: str, gpu_ids: list[int] | None) -> dict[str, str]:
-    """The trainer processes' environment: the token (never argv), GPUs, and on one host loopback-only sockets."""
+    """The trainer processes' environment: the token (never argv), GPUs, and on one host loopback-only sockets.
+    On the CPU, glibc returns every large freed block to the system at once: otherwise its heap keeps FSDP2's
+    freed all-gather buffers (measured: +250 MiB of RSS per process over one step of a 200 MB model)."""
     env = {**os.environ, TOKEN_ENV: token}
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    else:
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
     if single_host:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -235,7 +239,7 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
         node_rank=args.node_rank,
         nodes=args.nodes,
         folder=folder,
-        env=host_env(False, token, args.gpu),
+        env=host_env(False, token, args.gpu if args.device == "cuda" else None),
     )
     print(f"trainer node {args.node_rank}: {args.processes} process(es), logs in {folder}", flush=True)
     try:
