@@ -15,6 +15,9 @@ EndpointKind = Literal["chat", "completions", "responses", "messages"]
 # What our inference gateway says of every answer: the policy version (training step) that sampled it and the
 # immutable adapter that served it (`{project}/{name}@{step}`).
 VERSION_HEADER, SERVED_HEADER = "x-art-policy-version", "x-art-served-model"
+ROLLOUT_HEADER = (
+    "x-art-rollout"  # names a request's rollout, so its calls stay on one engine (inference/routing.py)
+)
 
 
 def policy_token_spans(version: int | None, served: str | None, tokens: int) -> list[dict[str, Any]]:
