@@ -6,6 +6,7 @@ import ipaddress
 import os
 from collections.abc import Iterable
 
+from ..config import ShardedTrainerOptions
 from ..inference.requests import RequestLimits
 from .base import Backend
 
@@ -50,6 +51,9 @@ def serve(
     trainer_gpu_ids: list[int] | None = None,
     trainer_nodes: int = 1,
     trainer_master: str | None = None,
+    trainer_options: ShardedTrainerOptions | None = None,
+    inference_gpu_ids: list[int] | None = None,
+    replicas: int = 1,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
@@ -64,16 +68,23 @@ def serve(
 
     limits = limits or RequestLimits()
     if backend is None:
+        from pydantic import ValidationError
+
         from ..inference import InferenceConfig
         from .local import LocalBackend
 
+        try:
+            inference = InferenceConfig(limits=limits, gpu_ids=inference_gpu_ids or None, replicas=replicas)
+        except ValidationError as error:
+            raise SystemExit(f"art-adapters serve: {error.errors()[0]['msg']}") from None
         backend = LocalBackend(
             path=path,
-            inference=InferenceConfig(limits=limits),
+            inference=inference,
             trainer_processes=trainer_processes,
             trainer_gpu_ids=trainer_gpu_ids,
             trainer_nodes=trainer_nodes,
             trainer_master=trainer_master,
+            trainer_options=trainer_options,
         )
     from .server import create_app
 
@@ -158,6 +169,37 @@ def serve_command(argv: list[str] | None = None) -> None:
         metavar="HOST:PORT",
         help="node 0's rendezvous address, reachable by the others",
     )
+    parser.add_argument(
+        "--trainer-hsdp",
+        action="store_true",
+        help="several trainer hosts: shard within a host, replicate across hosts (FSDP2's HSDP)",
+    )
+    parser.add_argument(
+        "--no-activation-checkpointing",
+        action="store_true",
+        help="keep the sharded trainer's activations instead of recomputing them (faster, more memory)",
+    )
+    parser.add_argument(
+        "--trainer-collective-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a trainer process waits on its peers before the group is declared broken",
+    )
+    parser.add_argument(
+        "--inference-gpu",
+        type=int,
+        action="append",
+        default=None,
+        metavar="ID",
+        help="a GPU the inference engine uses (repeatable; one per replica)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engine replicas behind one server (vLLM data parallelism); each rollout sticks to one",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -178,4 +220,11 @@ def serve_command(argv: list[str] | None = None) -> None:
         trainer_gpu_ids=args.trainer_gpu,
         trainer_nodes=args.trainer_nodes,
         trainer_master=args.trainer_master,
+        trainer_options=ShardedTrainerOptions(
+            hsdp=args.trainer_hsdp,
+            activation_checkpointing=not args.no_activation_checkpointing,
+            collective_timeout_s=args.trainer_collective_timeout,
+        ),
+        inference_gpu_ids=args.inference_gpu,
+        replicas=args.replicas,
     )
