@@ -168,7 +168,10 @@ async def test_local_backend_trains_on_two_processes_with_one_setting(
     vllm_server: Any, tmp_path: Path
 ) -> None:
     """`LocalBackend(trainer_processes=2)`: the same calls, a step trained by two processes, its checkpoint the
-    usual single adapter folder, hot-loaded: vLLM's logprobs under the new step equal the trainer's."""
+    usual single adapter folder, hot-loaded: vLLM's logprobs under the new step equal the trainer's. A process
+    killed between steps: the next step runs on a new trainer resumed from the last checkpoint."""
+    import signal
+
     import art_adapters as art
     from fixtures_vllm import sampled_group
 
@@ -198,9 +201,15 @@ async def test_local_backend_trains_on_two_processes_with_one_setting(
         assert (
             await backend.served_logprob_diff(model, ids, 1) <= 1e-4
         )  # as for one process (test_train_loop)
+        trainer._ranks.processes[1].send_signal(signal.SIGKILL)
+        trainer._ranks.processes[1].wait(timeout=10)
+        result = await backend.train(model, groups, learning_rate=1e-3)
+        replaced = await backend.trainer(model)
+        assert result.step == 2 and replaced is not trainer and replaced.alive and not trainer.alive
+        assert await backend.served_logprob_diff(model, ids, 2) <= 1e-4
     finally:
         await backend.close()
-    assert trainer._process.poll() is not None  # close() stopped the processes
+    assert all(p.poll() is not None for p in replaced._ranks.processes.values())  # close() stopped them
 
 
 # --- the memory proof ---------------------------------------------------------------------------------------------

@@ -79,6 +79,10 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
         "resident_weight_bytes_peak": current.peak if current is not None else None,
         "frozen_weight_bytes": frozen_weight_bytes(trainer.model),
     }
+    if trainer.device.type == "cuda":
+        import torch
+
+        mine["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(trainer.device)
     if current is not None:
         current.remove()
         trainer._weight_probe = None  # type: ignore[attr-defined]
