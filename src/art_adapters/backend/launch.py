@@ -150,7 +150,7 @@ def serve_command(argv: list[str] | None = None) -> None:
         "--trainer-processes",
         type=int,
         default=None,
-        help="train each step data-parallel on N processes (torchrun + FSDP2; one per --trainer-gpu)",
+        help="train each step data-parallel on N processes (FSDP2; on CUDA GPUs 0..N-1 unless --trainer-gpu)",
     )
     parser.add_argument(
         "--trainer-gpu",

@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
@@ -246,7 +246,10 @@ class ShardedTrainer:
         while True:
             if self._dead is not None:
                 self._fail(f"the sharded trainer was {self._dead} during the call")
-            readable, _, _ = select.select([self._conn], [], [], POLL_S)
+            try:
+                readable, _, _ = select.select([self._conn], [], [], POLL_S)
+            except (OSError, ValueError):  # closed by close() in another thread
+                self._fail("the sharded trainer was closed during the call")
             now = time.monotonic()
             if readable:
                 try:
@@ -286,7 +289,6 @@ class ShardedTrainer:
             conn.settimeout(None)
             return conn
         self._fail(f"the trainer processes did not start within {timeout_s:.0f} s")
-        raise AssertionError  # unreachable
 
     def _exits(self) -> str:
         codes = [(rank, p.poll()) for rank, p in self._ranks.processes.items()]
@@ -302,7 +304,7 @@ class ShardedTrainer:
         failed = [rank for rank, code in codes.items() if code and rank != 0]
         return (signalled or failed or [None])[0]
 
-    def _fail(self, why: str, first: int | None = None) -> Any:
+    def _fail(self, why: str, first: int | None = None) -> NoReturn:
         """Take every process down, remember the trainer is dead, raise with their logs."""
         self._dead = self._dead or "dead"
         self._ranks.kill()
