@@ -304,3 +304,21 @@ def test_several_hosts_need_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
         capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},
     )  # fmt: skip
     assert joined.returncode != 0 and "needs a join token" in joined.stderr
+
+
+def test_a_frozen_leader_is_declared_dead_when_its_heartbeat_stops() -> None:
+    """Rank 0 stopped (SIGSTOP: alive, silent, holding its peers): no heartbeat, so the call raises."""
+    import signal
+
+    options = ShardedTrainerOptions(heartbeat_timeout_s=4.0)
+    trainer = ShardedTrainer(tiny_model_path(), HEAD, processes=2, engine="peft", options=options)
+    try:
+        trainer._ranks.processes[0].send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(TrainerProcessError, match="sent no heartbeat for 4 s"):
+            trainer.logprobs_of([5, 6, 7])
+        print(f"a frozen leader: the call raised after {time.monotonic() - started:.1f} s")
+        assert time.monotonic() - started < 15 and not trainer.alive
+    finally:
+        trainer.close()
+    assert all(p.poll() is not None for p in trainer._ranks.processes.values())

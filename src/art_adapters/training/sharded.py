@@ -205,8 +205,8 @@ class ShardedTrainer:
                 try:
                     self._conn.settimeout(2.0)
                     send(self._conn, {"op": "close"})
-                    self._answer(deadline=time.monotonic() + 5.0)
-                    self._ranks.wait_all(3.0)
+                    self._answer(deadline=time.monotonic() + 4.0)
+                    self._ranks.wait_all(2.0)
                 except (OSError, ConnectionError, TrainerProcessError):
                     pass
             self._dead = self._dead or "closed"
