@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from art_adapters.config import LoRAConfig, SFTConfig, TrainConfig
 from art_adapters.tiny import tiny_model_path
-from art_adapters.training.sharded import ShardedTrainer
+from art_adapters.training.sharded import ShardedTrainer, TrainerProcessError
 from art_adapters.training.tokenize import TokenizationError
 from art_adapters.training.trainer import Trainer
 from art_adapters.trajectories import Trajectory, TrajectoryGroup
@@ -160,6 +160,8 @@ def test_resume_sft_and_a_refused_batch_match_too(
     bad[0].trajectories[0].llm_calls[0].completion_token_ids[0] = 10**6  # not a token of this vocabulary
     with pytest.raises(TokenizationError, match="outside the tokenizer's vocabulary"):
         sharded.train_step(bad, config)
+    with pytest.raises(TrainerProcessError, match=r"token ids \[999999\] are outside the model's vocabulary"):
+        sharded.logprobs_of([5, 999999])
     assert sharded.train_step(rollouts(trainer, seed=7), config)["trained_tokens"] > 0  # still serving
 
 

@@ -138,6 +138,7 @@ class Trainer:
         """Logprob of each `token_ids[i]`, i >= start, given `token_ids[:i]`, under the current adapter."""
         self.model.eval()
         positions = list(range(max(start, 1), len(token_ids)))
+        self._agreed(lambda: _check_ids(token_ids, self.vocab_size))
         if not positions:
             return []
         return self._token_logprobs([list(token_ids)], [positions], [temperature]).tolist()
@@ -252,12 +253,15 @@ class Trainer:
     def sft_step(self, trajectories: list[Trajectory], config: SFTConfig) -> Metrics:
         """One optimizer step of cross-entropy on the assistant turns (token-averaged over the batch)."""
         started = time.perf_counter()
-        sequences: list[TrainSequence] = []
-        for trajectory in trajectories:
-            out = sequences_from_samples(
-                sft_samples(trajectory, self.tokenizer), max_seq_len=config.max_seq_len
-            )
-            sequences += out.sequences
+
+        def tokenized() -> list[TrainSequence]:
+            rows: list[TrainSequence] = []
+            for trajectory in trajectories:
+                samples = sft_samples(trajectory, self.tokenizer)
+                rows += sequences_from_samples(samples, max_seq_len=config.max_seq_len).sequences
+            return rows
+
+        sequences = self._agreed(tokenized)
         metrics: Metrics = {"trajectories": len(trajectories), "sequences": len(sequences)}
         total = sum(s.num_trained for s in sequences)
         metrics["trained_tokens"] = total
@@ -377,3 +381,9 @@ class Trainer:
         if self.device.type == "cuda":
             metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
+
+
+def _check_ids(token_ids: list[int], vocab_size: int) -> None:
+    bad = [t for t in token_ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary (0..{vocab_size - 1})")
