@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import LoRAConfig
@@ -35,7 +35,6 @@ class WorkerSpec:
     activation_checkpointing: bool = True
     collective_timeout_s: float = 60.0
     hsdp: bool = False
-    extra: list[str] = field(default_factory=list)
 
     def argv(self, store: str, module: str = WORKER_MODULE) -> list[str]:
         return [
@@ -54,7 +53,6 @@ class WorkerSpec:
             f"--activation-checkpointing={int(self.activation_checkpointing)}",
             f"--collective-timeout={self.collective_timeout_s}",
             f"--hsdp={int(self.hsdp)}",
-            *self.extra,
         ]
 
     def join_command(self, node_rank: int, master: str) -> str:
