@@ -16,7 +16,7 @@ from .capture.rollout_scope import (
     yield_trajectory,
 )
 from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, UnsupportedARTSetting
-from .config import LoRAConfig, SFTConfig, TrainConfig, TrainSFTConfig
+from .config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig, TrainSFTConfig
 from .decorators import retry
 from .model import Model, TrainableModel
 from .sources import CallSource, role
@@ -116,6 +116,7 @@ __all__ = [
     "SFTConfig",
     "ServerlessBackend",
     "ServerlessTrainResult",
+    "ShardedTrainerOptions",
     "SkyPilotBackend",
     "TinkerBackend",
     "TinkerNativeBackend",
