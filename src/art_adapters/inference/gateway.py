@@ -296,12 +296,9 @@ class Gateway:
         def upstream() -> httpx.Request:  # routed each time: a restarted engine may listen elsewhere
             target = route(self.server, request.headers.get(ROLLOUT_HEADER))  # a rollout sticks to one engine
             headers.update(target.headers, authorization=f"Bearer {target.api_key}")
+            url = f"{target.base_url}/{path}"
             return self.client.build_request(
-                "POST",
-                f"{target.base_url}/{path}",
-                params=request.query_params,
-                headers=headers,
-                json=payload,
+                "POST", url, params=request.query_params, headers=headers, json=payload
             )
 
         async def recover() -> httpx.Request | None:
