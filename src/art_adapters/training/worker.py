@@ -75,7 +75,7 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
     current = getattr(trainer, "_weight_probe", None)
     mine = {
         "rank": trainer.parallel.rank if trainer.parallel else 0,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": _peak_rss_bytes(resource),
         "resident_weight_bytes_peak": current.peak if current is not None else None,
         "frozen_weight_bytes": frozen_weight_bytes(trainer.model),
     }
@@ -92,6 +92,19 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
         return [mine]
     gathered = all_gather_bytes(json.dumps(mine).encode(), trainer.parallel)
     return [json.loads(raw) for raw in gathered]
+
+
+def _peak_rss_bytes(resource: Any) -> int:
+    """This process's peak RSS since it started (Linux: VmHWM; ru_maxrss would also count the RSS of the process
+    that forked it, which Linux carries across exec)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class Heartbeat:
