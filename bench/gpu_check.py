@@ -3,7 +3,9 @@ are built here: the tiny model, and a random Qwen2.5-0.5B-shaped one (896 wide, 
 whose final-norm gain makes its next-token distributions peaked like a trained model's.
 
 Measures, per model: the trainer's step time and peak memory with PEFT (Unsloth when importable), the same step on
-the sharded path (FSDP2 under torchrun, one process: `ShardedTrainer`); and the logprob gap between a bf16 sampler
+the sharded path (FSDP2, one process: `ShardedTrainer`) and, on a host with two GPUs or more, on two processes
+(GPUs 0 and 1: the loss and adapter against one process, each process's GPU peak and frozen weights held during
+a step; with one GPU it says so and skips it); and the logprob gap between a bf16 sampler
 (transformers' generate with its KV cache: vLLM is too big to carry there) and the trainer's bf16 forward, with the
 clip fraction it causes for GRPO (0.2 per token), CISPO and GSPO (3e-4 / 4e-4 on the sequence's mean log-ratio).
 
@@ -204,6 +206,7 @@ def check_model(name: str, path: Path, work: Path, groups: int, size: int, new_t
             report["steps"]["fsdp2x1/grpo"] = {"error": f"{type(error).__name__}: {error}"[:2000]}
         finally:
             sharded.close()
+    report["steps"]["fsdp2x2/grpo"] = two_processes(path, start, batch, work / f"{name}-sharded")
     try:
         import unsloth  # noqa: F401
 
@@ -211,6 +214,48 @@ def check_model(name: str, path: Path, work: Path, groups: int, size: int, new_t
     except Exception as error:
         report["unsloth"] = f"not available: {type(error).__name__}: {str(error)[:200]}"
     return report
+
+
+def two_processes(path: Path, start: Path, batch: list[TrajectoryGroup], work: Path) -> dict[str, Any]:
+    """The step on 2 processes (GPUs 0 and 1, several micro-batches each) against 1, from the same checkpoint."""
+    from safetensors.torch import load_file
+
+    from art_adapters.training.sharded import ShardedTrainer
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 2:
+        return {"skipped": f"{gpus} GPU(s) here: the multi-process case needs two"}
+    config = TrainConfig(loss="grpo", learning_rate=1e-5, micro_batch_tokens=1024)
+    results: dict[int, dict[str, Any]] = {}
+    for processes in (1, 2):
+        trainer = ShardedTrainer(
+            path, LORA, processes=processes, gpu_ids=list(range(processes)), engine="peft"
+        )
+        try:
+            trainer.load(start)
+            timed_step(trainer, batch, config)  # warm-up
+            trainer.load(start)
+            trainer.memory(probe=True)
+            step = timed_step(trainer, batch, config)
+            step["ranks"] = trainer.memory(probe=False)
+            trainer.save(work / str(processes))
+            results[processes] = step
+        except Exception as error:
+            return {"error": f"{processes} processes: {type(error).__name__}: {error}"[:2000]}
+        finally:
+            trainer.close()
+    one, two = (load_file(str(work / str(n) / "adapter_model.safetensors")) for n in (1, 2))
+    worst = max(float((one[k].float() - two[k].float()).abs().max()) for k in one)
+    step = results[2]
+    step["vs_one_process"] = {
+        "loss": results[1]["loss"],
+        "adapter_max_abs_diff": worst,
+        "cuda_peak_gb": [r["cuda_peak_bytes"] / 2**30 for r in results[1]["ranks"]],
+        "weights_held_gb": [r["resident_weight_bytes_peak"] / 2**30 for r in results[1]["ranks"]],
+    }
+    step["peak_memory_gb"] = max(r["cuda_peak_bytes"] for r in step["ranks"]) / 2**30
+    step["weights_held_gb"] = [r["resident_weight_bytes_peak"] / 2**30 for r in step["ranks"]]
+    return step
 
 
 def main() -> None:
@@ -251,9 +296,16 @@ def main() -> None:
             f"of sequences, GRPO {gap['grpo_tokens_outside_0.2']:.2%} of tokens; unsloth {report['unsloth']}"
         )
         for key, step in report["steps"].items():
-            if "error" in step:
-                print(f"  {key:16s} error: {step['error'][:300]}")
+            if "error" in step or "skipped" in step:
+                print(
+                    f"  {key:16s} {'error' if 'error' in step else 'skipped'}: {step.get('error', step.get('skipped'))[:300]}"
+                )
                 continue
+            if "vs_one_process" in step:
+                versus = step["vs_one_process"]
+                print(f"  {key:16s} vs 1 process: loss {versus['loss']:+.5f}, adapter max |diff| "
+                      f"{versus['adapter_max_abs_diff']:.2e}; weights held per process {step['weights_held_gb']} GB "
+                      f"(1 process: {versus['weights_held_gb']} GB)")  # fmt: skip
             print(
                 f"  {key:16s} step {step['step_s']:.3f} s  peak {step['peak_memory_gb']:.2f} GB  "
                 f"clip_fraction {step['clip_fraction']:.4f}  loss {step['loss']:+.5f}  tokens {step['trained_tokens']}"

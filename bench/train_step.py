@@ -1,5 +1,7 @@
-"""Trained tokens/s and peak memory of one GRPO step: our trainer (PEFT, Unsloth, and the sharded path: FSDP2 on 2
-torchrun processes) vs TRL's GRPOTrainer, CPU.
+"""Trained tokens/s and peak memory of one GRPO step: our trainer (PEFT, Unsloth) vs TRL's GRPOTrainer, CPU; and
+the sharded path (FSDP2) on 2 processes vs 1: a real data-parallel step (several micro-batches per process) on a
+32-layer model (~51M parameters, random weights), with each process's peak RSS and the most its frozen weights
+held during a step.
 
 Same tiny model, LoRA config, prompts, completions and group size; each side runs in its own subprocess.
 Usage: `python bench/train_step.py [--steps 8] [--prompts 4] [--group 8] [--tokens 32] [--repeats 2]`
@@ -64,7 +66,43 @@ def make_data(path: Path, prompts: int, group: int, tokens: int) -> None:
                 "logprobs": torch.cat(lps, 1).tolist(),
             }
         )
-    path.write_text(json.dumps({"model": str(model_path), "rows": rows}))
+    path.write_text(
+        json.dumps({"model": str(model_path), "rows": rows, "deep_model": str(deep_model(path.parent))})
+    )
+
+
+DEEP = {
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "layer_types": ["full_attention"] * 32,
+    "max_window_layers": 32,
+}
+SHARDED_MICRO_BATCH_TOKENS = 256  # several micro-batches per process
+
+
+def deep_model(folder: Path) -> Path:
+    """The tiny model's tokenizer on 32 wider layers (the sharded rows' model: weights that show in memory)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from art_adapters.tiny import tiny_model_path
+
+    tiny, out = tiny_model_path(), folder / "deep-model"
+    out.mkdir(exist_ok=True)
+    for file in tiny.iterdir():
+        if file.name not in ("model.safetensors", "config.json"):
+            shutil.copy(file, out / file.name)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(tiny, **DEEP), dtype=torch.float32
+    ).save_pretrained(out)
+    return out
 
 
 def rss_mib() -> float:
@@ -86,10 +124,13 @@ def run_ours(data: dict[str, Any], engine: str, steps: int) -> dict[str, Any]:
     from art_adapters.trajectories import LLMCall, Trajectory, TrajectoryGroup
 
     trainer: Any
-    if engine.startswith("fsdp2x"):  # the sharded path: N processes (their memory is not in this RSS)
+    sharded = engine.startswith("fsdp2x")
+    if sharded:  # the sharded path: N processes (their memory is not in this RSS: each reports its own)
         from art_adapters.training.sharded import ShardedTrainer
 
-        trainer = ShardedTrainer(data["model"], LoRAConfig(**LORA), processes=int(engine[6:]), engine="peft")
+        trainer = ShardedTrainer(
+            data["deep_model"], LoRAConfig(**LORA), processes=int(engine[6:]), engine="peft"
+        )
     else:
         trainer = Trainer(data["model"], LoRAConfig(**LORA), engine=engine)  # type: ignore[arg-type]
     setup_s = time.perf_counter() - t0
@@ -111,18 +152,31 @@ def run_ours(data: dict[str, Any], engine: str, steps: int) -> dict[str, Any]:
             for ids, lps in zip(row["completions"], row["logprobs"], strict=True)
         ]
         groups.append(TrajectoryGroup(trajectories))
-    config = TrainConfig(learning_rate=LR, micro_batch_tokens=8192, max_grad_norm=1.0)
+    budget = SHARDED_MICRO_BATCH_TOKENS if sharded else 8192
+    config = TrainConfig(learning_rate=LR, micro_batch_tokens=budget, max_grad_norm=1.0)
     trainer.train_step(groups, config)  # warm-up
+    if sharded:
+        trainer.memory(probe=True)
     baseline = rss_mib()
-    times, tokens = [], 0
-    for _ in range(steps):
+    times, tokens, metrics = [], 0, {}
+    for _ in range(steps if not sharded else max(2, steps // 4)):  # the sharded rows' model is 50x larger
         started = time.perf_counter()  # wall time, the processes' messages included
         metrics = trainer.train_step(groups, config)
         times.append(time.perf_counter() - started)
         tokens = metrics["trained_tokens"]
+    ranks = trainer.memory(probe=False) if sharded else []
     if hasattr(trainer, "close"):
         trainer.close()
-    return {"engine": trainer.engine, "setup_s": setup_s, "times": times, "tokens": tokens, "rss0": baseline}
+    return {
+        "engine": trainer.engine,
+        "setup_s": setup_s,
+        "times": times,
+        "tokens": tokens,
+        "rss0": baseline,
+        "ranks": ranks,
+        "micro_batches": metrics.get("micro_batches", 1),
+        "per_process": metrics.get("micro_batches_per_process", metrics.get("micro_batches", 1)),
+    }
 
 
 def run_trl(data: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -262,7 +316,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--kinds", default="ours-peft,trl,ours-unsloth,ours-fsdp2x2")
+    parser.add_argument("--kinds", default="ours-peft,trl,ours-unsloth,ours-fsdp2x1,ours-fsdp2x2")
     parser.add_argument("--worker", default=None)
     parser.add_argument("--data", default=None)
     args = parser.parse_args()
@@ -301,6 +355,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     summary = {}
     for kind, runs in results.items():
+        if kind.startswith("ours-fsdp2"):
+            continue
         step = median([t for r in runs for t in r["times"]])
         peak = max(r["peak_rss_mib"] for r in runs)
         grow = max(r["peak_rss_mib"] - r["rss0"] for r in runs)
@@ -311,13 +367,29 @@ def main() -> None:
         base_tps, base_mem = summary["trl"]
         print()
         for kind, (tps, mem) in summary.items():
-            if kind != "trl" and not kind.startswith("ours-fsdp2"):
+            if kind != "trl":
                 print(f"- {kind} vs TRL: {tps / base_tps:.2f}x throughput, {mem / base_mem:.2f}x peak RSS")
-    for kind, (tps, _) in summary.items():
-        if kind.startswith("ours-fsdp2") and "ours-peft" in summary:
-            processes = kind.removeprefix("ours-fsdp2x")
-            print(f"- sharded ({processes} processes) vs one: {summary['ours-peft'][0] / tps:.2f}x step time "
-                  "(2 cores: the sharded path's overhead, not a speed-up)")  # fmt: skip
+    sharded = {k: r for k, r in results.items() if k.startswith("ours-fsdp2")}
+    if not sharded:
+        return
+    print(
+        f"\nsharded (FSDP2, gloo) on the 32-layer model, micro-batch budget {SHARDED_MICRO_BATCH_TOKENS} tokens:\n"
+    )
+    print("| processes | step s (median) | micro-batches (per process) | peak RSS per process MiB | "
+          "frozen weights held during a step, per process MiB |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    rows = {}
+    for kind, runs in sharded.items():
+        step = median([t for r in runs for t in r["times"]])
+        rss = max(rank["peak_rss_bytes"] for r in runs for rank in r["ranks"]) / 2**20
+        held = max(rank["resident_weight_bytes_peak"] for r in runs for rank in r["ranks"]) / 2**20
+        rows[kind] = (step, rss, held)
+        print(f"| {kind.removeprefix('ours-fsdp2x')} | {step:.3f} | {runs[0]['micro_batches']} "
+              f"({runs[0]['per_process']}) | {rss:,.0f} | {held:,.1f} |")  # fmt: skip
+    if {"ours-fsdp2x1", "ours-fsdp2x2"} <= set(rows):
+        (s1, r1, h1), (s2, r2, h2) = rows["ours-fsdp2x1"], rows["ours-fsdp2x2"]
+        print(f"\n- 2 processes vs 1: {s2 / s1:.2f}x step time (2 shared cores: no speed to gain), "
+              f"{r2 / r1:.2f}x peak RSS per process, {h2 / h1:.3f}x frozen weights held per process")  # fmt: skip
 
 
 if __name__ == "__main__":

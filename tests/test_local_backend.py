@@ -68,7 +68,7 @@ async def test_register_writes_layout_and_serves_the_base_policy_as_step_0(
     trainer = await backend.trainer(model)
     ids = trainer.tokenizer.apply_chat_template(MESSAGES, tokenize=True, return_dict=False) + [65, 66, 67]
     # Step 0 is a zero adapter: vLLM's logprobs equal the base model's (adapter disabled in the trainer).
-    from art_adapters.backend.local import served_prompt_logprobs
+    from art_adapters.backend.serving import served_prompt_logprobs
 
     served = await served_prompt_logprobs(vllm_server, "local/agent@0", ids)
     with trainer.model.disable_adapter():

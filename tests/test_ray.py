@@ -111,3 +111,17 @@ async def test_workers_get_the_inference_key_never_the_admin_key(local_ray: Any,
     )
     assert groups[0].exceptions[0].type == "RuntimeError"
     assert "a Ray rollout worker only samples" in groups[0].exceptions[0].message
+
+
+async def test_a_loopback_endpoint_is_refused_on_a_cluster_of_several_nodes(
+    local_ray: Any, remote_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers on another node would call their own 127.0.0.1; one node (the tests above) is fine."""
+    model, url = remote_model
+    await model.register(RemoteBackend(url, "ray-key"))
+    nodes = ray.nodes()
+    monkeypatch.setattr(ray, "nodes", lambda: [*nodes, {**nodes[0], "NodeID": "other", "Alive": True}])
+    with pytest.raises(
+        ValueError, match=r"on this host's loopback, which the other 1 node\(s\) of the Ray cluster"
+    ):
+        await gather_on_ray(rollout, SCENARIOS, 1, model=model, pbar_desc=None)

@@ -1,6 +1,7 @@
 """Replicated inference on an existing engine: `InferenceConfig(replicas=2)` runs vLLM's own data parallelism (two
-engines behind one OpenAI server, its load balancer spreading requests). A trained step is served by both engines
-as soon as it is published, and every sampled token's logprob equals the trainer's, whichever engine sampled it."""
+engines behind one OpenAI server). A trained step is served by both engines as soon as it is published, every
+sampled token's logprob equals the trainer's, whichever engine sampled it, and every call of a multi-turn rollout
+lands on the engine its rollout hashes to (its prefix cache)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 
 import art_adapters as art
 from art_adapters.backend.serving import served_prompt_logprobs
+from art_adapters.capture.scope import rollout_key
 from art_adapters.inference import InferenceConfig
+from art_adapters.inference.routing import pick
 from art_adapters.tiny import tiny_model_path
 from fixtures_vllm import sampled_group
 
@@ -78,6 +81,25 @@ async def test_two_engine_replicas_serve_each_step_token_exact(tmp_path: Path) -
             ours = await asyncio.to_thread(trainer.logprobs_of, prompt + ids, start=len(prompt))
             worst = max(worst, max(abs(a - b) for a, b in zip(ours, lps, strict=True)))
         assert worst <= TOLERANCE, worst  # step 1's adapter on whichever engine sampled
+        for k in range(6):  # sequential multi-turn rollouts: each one's calls all on its engine
+            before = await engine_requests(server)
+            async with art.capture() as trajectory:
+                messages = [{"role": "user", "content": f"Tell me about {k}."}]
+                for _ in range(3):
+                    reply = await client.chat.completions.create(
+                        model=model.get_inference_name(), messages=messages, max_tokens=4
+                    )
+                    messages += [
+                        {"role": "assistant", "content": reply.choices[0].message.content or ""},
+                        {"role": "user", "content": "And then?"},
+                    ]
+            after = await engine_requests(server)
+            used = {
+                e: after.get(e, 0.0) - before.get(e, 0.0)
+                for e in after
+                if after.get(e, 0.0) > before.get(e, 0.0)
+            }
+            assert used == {str(pick(f"{rollout_key(trajectory)}/replica", 2)): 3.0}, used
         prompt, ids, lps = samples[0]
         base = await served_prompt_logprobs(
             server, server.model_name, prompt + ids

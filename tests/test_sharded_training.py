@@ -1,6 +1,8 @@
-"""Data-parallel, sharded training (FSDP2 under torchrun, gloo on this CPU): one step on 2 processes and on 1, from
-the same checkpoint on the same batch, gives the same adapter (fp32, within 1e-6) and the same metrics, for each loss,
-with `train_on`, per-role rewards, a trained `lm_head` (a whole, all-reduced parameter), SFT, and a resume."""
+"""Data-parallel, sharded training (FSDP2, gloo on this CPU): one step on 2 processes and on 1, from the same
+checkpoint on the same batch, gives the same adapter (fp32, within 1e-6) and the same metrics, for each loss, KL with
+an uneven number of micro-batches (a padding micro-batch runs the reference forward too), `train_on`, per-role
+rewards, a trained `lm_head`, SFT, and a resume. And the memory it is for: during a step each of 2 processes holds
+about half the frozen weights, and its peak RSS is below one process's."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from safetensors.torch import load_file
 
 from art_adapters.config import LoRAConfig, SFTConfig, TrainConfig
 from art_adapters.tiny import tiny_model_path
-from art_adapters.training.sharded import ShardedTrainer
+from art_adapters.training.sharded import ShardedTrainer, TrainerProcessError
 from art_adapters.training.tokenize import TokenizationError
 from art_adapters.training.trainer import Trainer
 from art_adapters.trajectories import Trajectory, TrajectoryGroup
@@ -38,6 +40,11 @@ COMPARED = (
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trainer, Path]:
     trainer = Trainer(tiny_model_path(), HEAD, engine="peft")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # an adapter that already differs from the base, so KL to the reference is not zero
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
     start = tmp_path_factory.mktemp("start")
     trainer.save(start)
     return trainer, start
@@ -75,6 +82,7 @@ CASES: dict[str, tuple[str, TrainConfig]] = {
     "grpo, several micro-batches": ("rollouts", TrainConfig(learning_rate=LR, micro_batch_tokens=64)),
     "gspo": ("rollouts", TrainConfig(learning_rate=LR, loss="gspo", micro_batch_tokens=96)),
     "cispo": ("rollouts", TrainConfig(learning_rate=LR, loss="cispo")),
+    "kl, uneven micro-batches": ("rollouts", TrainConfig(learning_rate=LR, beta=0.1, micro_batch_tokens=150)),
     "train_on + per-role rewards": (
         "roles",
         TrainConfig(learning_rate=LR, train_on={"nodes": ["executor"]}, micro_batch_tokens=48),
@@ -107,6 +115,11 @@ def test_two_processes_train_what_one_does(
         assert two["micro_batches_per_process"] < two["micro_batches"] == one["micro_batches"]
     if kind == "roles":
         assert one["left_out_tokens"] > 0  # the planner's tokens were left out on both
+    if config.beta > 0:
+        assert (
+            two["micro_batches"] % 2 == 1
+        )  # one process ran a padding micro-batch, reference forward included
+        assert two["kl"] == pytest.approx(one["kl"], rel=1e-5, abs=1e-9) and one["kl"] > 0
 
 
 def test_resume_sft_and_a_refused_batch_match_too(
@@ -147,6 +160,8 @@ def test_resume_sft_and_a_refused_batch_match_too(
     bad[0].trajectories[0].llm_calls[0].completion_token_ids[0] = 10**6  # not a token of this vocabulary
     with pytest.raises(TokenizationError, match="outside the tokenizer's vocabulary"):
         sharded.train_step(bad, config)
+    with pytest.raises(TrainerProcessError, match=r"token ids \[999999\] are outside the model's vocabulary"):
+        sharded.logprobs_of([5, 999999])
     assert sharded.train_step(rollouts(trainer, seed=7), config)["trained_tokens"] > 0  # still serving
 
 
@@ -155,7 +170,10 @@ async def test_local_backend_trains_on_two_processes_with_one_setting(
     vllm_server: Any, tmp_path: Path
 ) -> None:
     """`LocalBackend(trainer_processes=2)`: the same calls, a step trained by two processes, its checkpoint the
-    usual single adapter folder, hot-loaded: vLLM's logprobs under the new step equal the trainer's."""
+    usual single adapter folder, hot-loaded: vLLM's logprobs under the new step equal the trainer's. A process
+    killed between steps: the next step runs on a new trainer resumed from the last checkpoint."""
+    import signal
+
     import art_adapters as art
     from fixtures_vllm import sampled_group
 
@@ -185,48 +203,95 @@ async def test_local_backend_trains_on_two_processes_with_one_setting(
         assert (
             await backend.served_logprob_diff(model, ids, 1) <= 1e-4
         )  # as for one process (test_train_loop)
+        trainer._ranks.processes[1].send_signal(signal.SIGKILL)
+        trainer._ranks.processes[1].wait(timeout=10)
+        result = await backend.train(model, groups, learning_rate=1e-3)
+        replaced = await backend.trainer(model)
+        assert result.step == 2 and replaced is not trainer and replaced.alive and not trainer.alive
+        assert await backend.served_logprob_diff(model, ids, 2) <= 1e-4
     finally:
         await backend.close()
-    assert trainer._process.poll() is not None  # close() stopped the processes
+    assert all(p.poll() is not None for p in replaced._ranks.processes.values())  # close() stopped them
 
 
-def test_a_second_host_joins_through_torchruns_rendezvous(
-    single: tuple[Trainer, Path], tmp_path: Path
-) -> None:
-    """Two "hosts" on this machine: node 0 is the backend's ShardedTrainer, node 1 joins with the command a user
-    runs on the other host (`art-adapters trainer-worker`); the step equals one process's."""
-    import socket
-    import subprocess
-    import sys
+# --- the memory proof ---------------------------------------------------------------------------------------------
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        master = f"127.0.0.1:{probe.getsockname()[1]}"
-    joiner = subprocess.Popen(
-        [sys.executable, "-m", "art_adapters.cli", "trainer-worker", "--nodes", "2", "--node-rank", "1",
-         "--master", master, "--base-model", str(tiny_model_path()), "--lora", HEAD.model_dump_json(),
-         "--device", "cpu"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        sharded = ShardedTrainer(tiny_model_path(), HEAD, processes=1, nodes=2, master=master, engine="peft")
+DEEP = {  # 32 layers of ~1.6M parameters (~51M, 205 MB fp32): one layer is 3 % of the weights
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "layer_types": ["full_attention"] * 32,
+    "max_window_layers": 32,
+}
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny byte model's tokenizer on a deeper, wider model (random weights): deep enough that one gathered
+    layer is a small share of the weights, large enough that the weights show in a process's RSS."""
+    import json
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tiny = tiny_model_path()
+    out = tmp_path_factory.mktemp("deep")
+    for path in tiny.iterdir():
+        if path.name not in ("model.safetensors", "config.json"):
+            shutil.copy(path, out / path.name)
+    config = AutoConfig.from_pretrained(tiny, **DEEP)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 32
+    return out
+
+
+def fabricated_groups() -> list[TrajectoryGroup]:
+    """Three short trajectories of one group: three micro-batches at a 16-token budget (an uneven number for 2
+    processes), little compute on the deep model."""
+    from art_adapters.calls import LLMCall
+
+    trajectories = []
+    for k in range(3):
+        call = LLMCall(
+            request={"messages": [{"role": "user", "content": "q"}], "temperature": 1.0},
+            prompt_token_ids=[100 + k, 101, 102, 103, 104, 105],
+            completion_token_ids=[40 + (k * 7 + i) % 50 for i in range(6)],
+            logprobs=[-6.0 - 0.1 * i for i in range(6)],
+            logprobs_mode="processed_logprobs",
+        )
+        trajectories.append(Trajectory(llm_calls=[call], reward=k / 2))
+    return [TrajectoryGroup(trajectories)]
+
+
+def test_two_processes_hold_half_the_weights_during_a_step(deep_model: Path) -> None:
+    """Each process's frozen weights during a step (sampled at every layer's forward, backward's recomputation
+    included), and its peak RSS, at 2 processes against 1, on a step of an uneven number of micro-batches."""
+    config = TrainConfig(learning_rate=LR, micro_batch_tokens=16)
+    groups = fabricated_groups()
+    seen: dict[int, list[dict[str, Any]]] = {}
+    for processes in (1, 2):
+        trainer = ShardedTrainer(deep_model, LoRAConfig(rank=8, alpha=16), processes=processes)
         try:
-            trainer, start = single
-            groups = rollouts(trainer, seed=11)
-            config = TrainConfig(learning_rate=LR, micro_batch_tokens=64)
-            trainer.load(start)
-            sharded.load(start)
-            one = trainer.train_step(groups, config)
-            two = sharded.train_step(groups, config)
-            assert two["trainer_processes"] == 2 and two["loss"] == pytest.approx(
-                one["loss"], rel=1e-5, abs=1e-7
-            )
-            trainer.save(tmp_path / "one")
-            sharded.save(tmp_path / "two")
-            assert_same_adapter(tmp_path / "one", tmp_path / "two")
+            trainer.memory(probe=True)
+            metrics = trainer.train_step(groups, config)
+            seen[processes] = trainer.memory(probe=False)
         finally:
-            sharded.close()
-        assert joiner.wait(timeout=60) == 0  # node 1 ends with the trainer
-    finally:
-        if joiner.poll() is None:
-            joiner.kill()
+            trainer.close()
+        assert metrics["micro_batches"] == 3 and metrics["trained_tokens"] == 18
+    whole = seen[1][0]["frozen_weight_bytes"]
+    one_peak = seen[1][0]["resident_weight_bytes_peak"]
+    two_peak = max(r["resident_weight_bytes_peak"] for r in seen[2])
+    rss_one = seen[1][0]["peak_rss_bytes"]
+    rss_two = max(r["peak_rss_bytes"] for r in seen[2])
+    print(
+        f"frozen weights {whole / 2**20:.1f} MiB; held during a step: 1 process {one_peak / 2**20:.1f} MiB, "
+        f"2 processes {two_peak / 2**20:.1f} MiB each ({two_peak / one_peak:.3f}x; {two_peak / whole:.3f}x of the "
+        f"whole); peak RSS 1 process {rss_one / 2**20:.0f} MiB, 2 processes "
+        f"{[round(r['peak_rss_bytes'] / 2**20) for r in seen[2]]} MiB"
+    )
+    assert two_peak <= 0.55 * one_peak and two_peak <= 0.55 * whole
+    assert rss_two < rss_one

@@ -17,7 +17,7 @@ from .adapters.rollout_scope import (
 )
 from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
 from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, UnsupportedARTSetting
-from .config import LoRAConfig, SFTConfig, TrainConfig, TrainSFTConfig
+from .config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig, TrainSFTConfig
 from .decorators import retry
 from .model import Model, TrainableModel
 from .sources import CallSource, role
@@ -125,6 +125,7 @@ __all__ = [
     "SFTConfig",
     "ServerlessBackend",
     "ServerlessTrainResult",
+    "ShardedTrainerOptions",
     "SkyPilotBackend",
     "TinkerBackend",
     "TinkerNativeBackend",

@@ -19,6 +19,9 @@ EndpointKind = Literal["chat", "completions", "responses", "messages"]
 VERSION_HEADER, SERVED_HEADER = "x-art-policy-version", "x-art-served-model"
 # What `serve` says of an answer to its admin key: a recording endpoint refuses to carry that key for rollouts.
 KEY_SCOPE_HEADER = "x-art-key-scope"
+ROLLOUT_HEADER = (
+    "x-art-rollout"  # names a request's rollout, so its calls stay on one engine (inference/routing.py)
+)
 
 
 def policy_token_spans(version: int | None, served: str | None, tokens: int) -> list[dict[str, Any]]:

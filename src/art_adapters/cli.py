@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return import_command(argv[1:])
     if argv[:1] == ["trainer-worker"]:
-        from .training.sharded import trainer_worker_command
+        from .training.launcher import trainer_worker_command
 
         return trainer_worker_command(argv[1:])
     if argv[:1] == ["doctor"]:

@@ -191,3 +191,25 @@ class LoRAConfig(BaseModel):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     modules_to_save: list[str] = Field(default_factory=list)
+
+
+class ShardedTrainerOptions(BaseModel):
+    """How a sharded trainer (`LocalBackend(trainer_processes=N)`) runs, beyond how many processes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    activation_checkpointing: bool = Field(
+        True, description="Recompute each decoder layer's activations in backward instead of keeping them."
+    )
+    hsdp: bool = Field(
+        False, description="Several hosts: shard within a host, replicate across hosts (FSDP2's HSDP mesh)."
+    )
+    collective_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a process waits in one collective for its peers before the group is declared "
+        "broken (a hung or dead peer); far above the skew between processes inside a step.",
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0, description="How long the backend waits without word from the trainer's leader."
+    )

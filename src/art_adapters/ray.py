@@ -41,6 +41,27 @@ def model_spec(model: Model, step: int = 0) -> dict[str, Any]:
     }
 
 
+def check_reachable(model: Model, ray: Any) -> None:
+    """Refuse an endpoint on this host's loopback when the cluster has other nodes: their workers would call their
+    own 127.0.0.1 (a LocalBackend's gateway listens on loopback only)."""
+    from urllib.parse import urlparse
+
+    from .backend.launch import is_loopback
+
+    endpoint = model._endpoint
+    if endpoint is None:
+        return
+    host = urlparse(endpoint.base_url).hostname or ""
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    if len(nodes) > 1 and is_loopback(host):
+        raise ValueError(
+            f"the model's inference endpoint {endpoint.base_url} is on this host's loopback, which the other "
+            f"{len(nodes) - 1} node(s) of the Ray cluster cannot reach: serve the backend on a routable address "
+            "(`art-adapters serve --host 0.0.0.0 --api-key ... --inference-key ...`) and register the model "
+            "through RemoteBackend(that address)"
+        )
+
+
 def rebuild_model(spec: dict[str, Any]) -> Model:
     """The worker's copy of the model: the same endpoint (token ids included); `get_step()` answers the driver's
     step at dispatch; training calls are refused."""
@@ -139,6 +160,7 @@ async def gather_on_ray(
     ray = _ray()
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
+    check_reachable(model, ray)
     items: Sequence[S] = list(scenarios)
     step = await model.get_step() if isinstance(model, TrainableModel) and model._backend is not None else 0
     spec = ray.put(model_spec(model, step))

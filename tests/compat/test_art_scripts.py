@@ -3,6 +3,7 @@ two steps through its own LocalBackend and vLLM server, and at least one of its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -175,9 +176,10 @@ def test_arts_tic_tac_toe_example_resumes_from_the_bucket_and_deploys(
         )
     assert "training from step 1" in second and "step 2:" in second, second
     assert bucket_steps(s3_server, "tic-tac-toe", "tic-tac-toe-001")[-1] == "0002"
-    assert [u["model_name"] for u in together.uploads] == ["tic-tac-toe-tic-tac-toe-001-2"]
-    assert together.chats and together.chats[0]["model"] == "acct/tic-tac-toe-tic-tac-toe-001-2", second
-    assert "deployed acct/tic-tac-toe-tic-tac-toe-001-2" in second
+    name = f"tic-tac-toe-tic-tac-toe-001-2-{hashlib.sha256(b'tic-tac-toe\0tic-tac-toe-001').hexdigest()[:8]}"
+    assert [u["model_name"] for u in together.uploads] == [name]
+    assert together.chats and together.chats[0]["model"] == f"acct/{name}", second
+    assert f"deployed acct/{name}" in second
 
 
 def test_arts_langgraph_email_example_trains_with_ruler_and_a_litellm_judge(

@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Iterable
 
+from ..config import ShardedTrainerOptions
 from ..http_limits import ConnectionLimits, uvicorn_config
 from ..inference.requests import RequestLimits
 from ..untrusted import is_loopback
@@ -46,6 +47,9 @@ def serve(
     trainer_master: str | None = None,
     record: str | None = None,
     connections: ConnectionLimits | None = None,
+    trainer_options: ShardedTrainerOptions | None = None,
+    inference_gpu_ids: list[int] | None = None,
+    replicas: int = 1,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
@@ -70,16 +74,23 @@ def serve(
 
     limits = limits or RequestLimits()
     if backend is None:
+        from pydantic import ValidationError
+
         from ..inference import InferenceConfig
         from .local import LocalBackend
 
+        try:
+            inference = InferenceConfig(limits=limits, gpu_ids=inference_gpu_ids or None, replicas=replicas)
+        except ValidationError as error:
+            raise SystemExit(f"art-adapters serve: {error.errors()[0]['msg']}") from None
         backend = LocalBackend(
             path=path,
-            inference=InferenceConfig(limits=limits),
+            inference=inference,
             trainer_processes=trainer_processes,
             trainer_gpu_ids=trainer_gpu_ids,
             trainer_nodes=trainer_nodes,
             trainer_master=trainer_master,
+            trainer_options=trainer_options,
         )
     app = create_app(
         backend,
@@ -159,7 +170,7 @@ def serve_command(argv: list[str] | None = None) -> None:
         "--trainer-processes",
         type=int,
         default=None,
-        help="train each step data-parallel on N processes (torchrun + FSDP2; one per --trainer-gpu)",
+        help="train each step data-parallel on N processes (FSDP2; on CUDA GPUs 0..N-1 unless --trainer-gpu)",
     )
     parser.add_argument(
         "--trainer-gpu",
@@ -190,6 +201,37 @@ def serve_command(argv: list[str] | None = None) -> None:
         default=ConnectionLimits().max_connections,
         help="open connections at once (one more is answered 503)",
     )
+    parser.add_argument(
+        "--trainer-hsdp",
+        action="store_true",
+        help="several trainer hosts: shard within a host, replicate across hosts (FSDP2's HSDP)",
+    )
+    parser.add_argument(
+        "--no-activation-checkpointing",
+        action="store_true",
+        help="keep the sharded trainer's activations instead of recomputing them (faster, more memory)",
+    )
+    parser.add_argument(
+        "--trainer-collective-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a trainer process waits on its peers before the group is declared broken",
+    )
+    parser.add_argument(
+        "--inference-gpu",
+        type=int,
+        action="append",
+        default=None,
+        metavar="ID",
+        help="a GPU the inference engine uses (repeatable; one per replica)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engine replicas behind one server (vLLM data parallelism); each rollout sticks to one",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -212,6 +254,13 @@ def serve_command(argv: list[str] | None = None) -> None:
         trainer_master=args.trainer_master,
         record=args.record,
         connections=ConnectionLimits(max_connections=args.max_connections),
+        trainer_options=ShardedTrainerOptions(
+            hsdp=args.trainer_hsdp,
+            activation_checkpointing=not args.no_activation_checkpointing,
+            collective_timeout_s=args.trainer_collective_timeout,
+        ),
+        inference_gpu_ids=args.inference_gpu,
+        replicas=args.replicas,
     )
 
 

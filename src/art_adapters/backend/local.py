@@ -15,17 +15,17 @@ from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
 from .metrics import all_trajectories, best_step, record_log, rollout_metrics
-from .serving import Registered, publish_step, required_lora_rank, served_prompt_logprobs
+from .serving import Registered, publish_step, required_lora_rank
+from .trainers import TrainerHost
 
 if TYPE_CHECKING:
+    from ..config import ShardedTrainerOptions
     from ..inference import InferenceConfig, VLLMServer
-    from ..training.sharded import ShardedTrainer
-    from ..training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
-class LocalBackend(CheckpointSync, ARTTraining):
+class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
     """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`).
 
     Placement on CUDA: `trainer_gpu_ids` and `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config`
@@ -33,10 +33,12 @@ class LocalBackend(CheckpointSync, ARTTraining):
     never sleeps during a step (the async pipeline's setting); sharing one GPU, the engine sleeps while a step
     trains (requests in flight finish first). On the CPU both simply run.
 
-    Past one GPU: `trainer_processes=N` trains each step data-parallel on N processes under torchrun with FSDP2
-    (`training/sharded.py`; one per trainer GPU on CUDA, gloo on the CPU); several `trainer_gpu_ids` imply it.
+    Past one GPU: `trainer_processes=N` trains each step data-parallel on N processes with FSDP2
+    (`training/sharded.py`; on a CUDA host GPUs 0..N-1 unless `trainer_gpu_ids` says otherwise, gloo on the CPU);
+    several `trainer_gpu_ids` imply it; `trainer_options` for activation checkpointing, HSDP and timeouts.
     Checkpoints are the same single adapter folder. Across hosts: `trainer_nodes=N, trainer_master="host:port"`
-    makes this host node 0 of torchrun's rendezvous; the others join with `art-adapters trainer-worker`.
+    makes this host node 0 (its rank 0 serves the rendezvous there); the others join with `art-adapters
+    trainer-worker`, every host holding the same ART_ADAPTERS_TRAINER_TOKEN.
 
     Use it as is, or as a context manager (`with` / `async with`) that stops its servers on exit."""
 
@@ -49,6 +51,7 @@ class LocalBackend(CheckpointSync, ARTTraining):
         trainer_processes: int | None = None,
         trainer_nodes: int = 1,
         trainer_master: str | None = None,
+        trainer_options: ShardedTrainerOptions | None = None,
     ) -> None:
         self.path = Path(path if path is not None else ".art").resolve()  # None: ART's default folder
         self.inference = inference
@@ -60,6 +63,7 @@ class LocalBackend(CheckpointSync, ARTTraining):
             trainer_nodes  # hosts in the sharded trainer; this one is node 0 at trainer_master
         )
         self.trainer_master = trainer_master
+        self.trainer_options = trainer_options
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
         self._models: dict[Path, Registered] = {}  # by model folder
@@ -215,7 +219,7 @@ class LocalBackend(CheckpointSync, ARTTraining):
         async with state.lock:
             step = state.step
             started = time.perf_counter()
-            trainer = state.trainer or await asyncio.to_thread(self._load_trainer, model, state.directory)
+            trainer = await self._live_trainer(state)
             batches = list(trainer.sft_batches(list(trajectories), config))
             yield {
                 "event": "started",
@@ -324,54 +328,6 @@ class LocalBackend(CheckpointSync, ARTTraining):
                 state.trainer.close()
         self._models.clear()
 
-    async def resume_from_disk(self, model: Model) -> None:
-        """A registered model whose folder got a newer checkpoint (pulled, forked) resumes from it: its trainer
-        loads it and it becomes the served version. Nothing to do for a model not registered here."""
-        from ..training import checkpoints
-
-        state = self._models.get(self.model_dir(model))
-        if state is None:
-            return
-        async with state.lock:
-            steps = checkpoints.list_steps(state.directory)
-            if not steps or steps[-1] == state.step:
-                return
-            if state.trainer is not None:
-                await asyncio.to_thread(state.trainer.close)
-            state.trainer = await asyncio.to_thread(self._load_trainer, state.model, state.directory)
-            state.step = state.trainer.step
-            await publish_step(state, state.step)
-            log.info("model %s resumed from checkpoint %04d", state.name, state.step)
-
-    # ------------------------------------------------------------------ for tests and checks
-    async def trainer(self, model: TrainableModel) -> Trainer:
-        """The model's trainer (loaded from its latest checkpoint when needed)."""
-        state = self._registered(model)
-        if state.trainer is None:
-            state.trainer = await asyncio.to_thread(self._load_trainer, model, state.directory)
-        return state.trainer
-
-    async def served_logprob_diff(
-        self, model: TrainableModel, token_ids: list[int], step: int | None = None
-    ) -> float:
-        """Max |vLLM logprob - trainer logprob| over `token_ids[1:]` for the adapter served as `name` (or `name@step`).
-
-        Catches a hot-swap that silently left vLLM on another adapter (or the base model).
-        """
-        state = self._registered(model)
-        trainer = await self.trainer(model)
-        served = await served_prompt_logprobs(
-            state.server, state.gateway.adapter_name(state.name, step), token_ids
-        )
-        ours = await asyncio.to_thread(trainer.logprobs_of, token_ids)
-        return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
-
-    def dedicated(self, state: Registered) -> bool:
-        """Whether the model's trainer and its engine have GPUs of their own (then the engine never sleeps)."""
-        trainer = set(self.trainer_gpu_ids or state.model.trainer_gpu_ids())
-        engine = set(state.server.config.gpu_ids or [])
-        return bool(trainer and engine and not trainer & engine)
-
     # ------------------------------------------------------------------ internals
     def _registered(self, model: TrainableModel) -> Registered:
         state = self._models.get(self.model_dir(model))
@@ -398,109 +354,3 @@ class LocalBackend(CheckpointSync, ARTTraining):
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
         return config
-
-    def _load_trainer(self, model: TrainableModel, directory: Path) -> Trainer:
-        """A trainer resumed from the latest checkpoint (optimizer included), or a fresh one saved as step 0.
-
-        A fresh PEFT adapter has lora_B = 0 (and lm_head's delta is 0), so step 0 serves exactly the base policy.
-        """
-        from ..training import checkpoints
-
-        gpus = self.trainer_gpu_ids or model.trainer_gpu_ids()
-        processes = self.trainer_processes or max(len(gpus), 1)
-        trainer: Trainer | ShardedTrainer
-        if processes > 1 or self.trainer_nodes > 1:
-            from ..training.sharded import ShardedTrainer
-
-            if gpus and len(gpus) != processes:
-                raise ValueError(f"trainer_processes={processes} needs as many trainer GPU ids, not {gpus}")
-            trainer = ShardedTrainer(
-                model.base_model,
-                model.lora,
-                processes=processes,
-                gpu_ids=gpus or None,
-                nodes=self.trainer_nodes,
-                master=self.trainer_master,
-            )
-        else:
-            from ..training.trainer import Trainer
-
-            trainer = Trainer(model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None)
-        steps = checkpoints.list_steps(directory)
-        if steps:
-            trainer.load(checkpoints.checkpoint_dir(directory, steps[-1]))
-            if trainer.step != steps[-1]:
-                log.warning(
-                    "checkpoint %04d holds trainer step %d; using %d", steps[-1], trainer.step, steps[-1]
-                )
-                trainer.step = steps[-1]
-        else:
-            checkpoints.save_checkpoint(directory, 0, trainer.save)
-        return trainer
-
-    async def _run_trainer(self, state: Registered, work: Any) -> dict[str, Any]:
-        """Run `work(trainer)` in a thread with vLLM asleep (CUDA); a failure after the update drops the trainer.
-
-        A caller cancelled mid-step (an async run ending on another stage's error) returns at once; the thread
-        finishes on its own, its update is dropped (no checkpoint holds it) and the next step reloads from disk."""
-        if state.abandoned is not None:  # wait out an abandoned step: it still uses the trainer's weights
-            await asyncio.gather(state.abandoned, return_exceptions=True)
-            state.abandoned = None
-        trainer = state.trainer or await asyncio.to_thread(self._load_trainer, state.model, state.directory)
-        state.trainer = trainer
-        before = trainer.step
-        dedicated = self.dedicated(state)
-        if not dedicated:
-            await state.server.sleep()
-        running = asyncio.ensure_future(asyncio.to_thread(work, trainer))
-        try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            state.trainer, state.abandoned = None, asyncio.ensure_future(_drop(running, trainer))
-            raise
-        except BaseException:
-            if (
-                trainer.step != before
-            ):  # the weights moved but no checkpoint holds them: reload from disk next time
-                state.trainer = None
-                await asyncio.to_thread(trainer.close)
-            raise
-        finally:
-            if not dedicated:
-                await state.server.wake_up()
-
-    def rollouts_pause_during_steps(self, model: TrainableModel) -> bool:
-        """Whether the engine sleeps while this model's steps train (trainer and engine share a CUDA GPU)."""
-        state = self._registered(model)
-        server = state.server
-        return server.on_cuda and server.config.sleep_mode_enabled(True) and not self.dedicated(state)
-
-    async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
-        """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`), serve
-        it."""
-        from ..training import checkpoints
-
-        trainer = state.trainer
-        assert trainer is not None
-        if trainer.step != state.step + 1:
-            state.trainer = None
-            raise RuntimeError(
-                f"trainer is at step {trainer.step}, expected {state.step + 1}; reload from disk"
-            )
-        if unchanged and state.step in checkpoints.list_steps(state.directory):
-            moved = await asyncio.to_thread(
-                checkpoints.move_checkpoint, state.directory, state.step, trainer.step
-            )
-            await state.gateway.moved(
-                state.name, state.step, moved
-            )  # still served, from memory (same weights)
-        else:
-            await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
-        state.step = trainer.step
-        await publish_step(state, state.step)
-
-
-async def _drop(running: asyncio.Future[Any], trainer: Trainer | ShardedTrainer) -> None:
-    """Let an abandoned step's thread finish, then release its trainer (its update is in no checkpoint)."""
-    await asyncio.gather(running, return_exceptions=True)
-    await asyncio.to_thread(trainer.close)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from contextvars import ContextVar, Token
 from types import TracebackType
 
@@ -10,6 +11,13 @@ from ..trajectories import Trajectory
 from .frameworks import disable_langchain_sources, enable_langchain_sources
 
 CURRENT: ContextVar[Trajectory | None] = ContextVar("art_adapters_capture", default=None)
+
+
+def rollout_key(trajectory: Trajectory) -> str:
+    """An opaque key naming one trajectory while it lives (nothing of its content), sent to our backend with each
+    of its calls so they all reach the same engine (its prefix cache)."""
+    raw = f"{id(trajectory)}:{trajectory.start_time}"
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
 def current_trajectory(*, required: bool = False) -> Trajectory | None:

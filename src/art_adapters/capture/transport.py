@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 
 from ..apis.responses import ask_token_ids as ask_responses_token_ids
-from ..calls import endpoint_kind, policy_token_spans
+from ..calls import ROLLOUT_HEADER, endpoint_kind, policy_token_spans
 from .record import Exchange, decode, served_version
 from .sampling import sampling_note
-from .scope import CURRENT
+from .scope import CURRENT, rollout_key
 
 try:
     import httpx2
@@ -172,6 +172,10 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
         payload = None
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
+        if (
+            options.request_token_ids and trajectory is not None
+        ):  # our backend: keep the rollout on one engine
+            request.headers[ROLLOUT_HEADER] = rollout_key(trajectory)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
         exchange = (
@@ -237,6 +241,10 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
         payload = None
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
+        if (
+            options.request_token_ids and trajectory is not None
+        ):  # our backend: keep the rollout on one engine
+            request.headers[ROLLOUT_HEADER] = rollout_key(trajectory)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
         exchange = (

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .requests import RequestLimits
 
@@ -22,6 +22,25 @@ def cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+class RemoteEngine(BaseModel):
+    """A vLLM server on another host that serves this backend's models beside the managed one. Start it there with
+    the same base model and `--enable-lora --max-lora-rank R` (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); it must
+    see the backend's folder (a shared filesystem). Each version is loaded on it before any request is routed to
+    it; a rollout's calls all go to one engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Its OpenAI base URL, e.g. http://host-b:8000/v1.")
+    api_key_env: str | None = Field(
+        None, description="The environment variable holding its API key (keys stay out of config files)."
+    )
+    replicas: int = Field(1, ge=1, description="Its --data-parallel-size (rollouts stick to one replica).")
+    path_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Folder prefixes as that host sees them: {'/here/.art': '/mnt/shared/.art'}.",
+    )
 
 
 class InferenceConfig(BaseModel):
@@ -51,6 +70,10 @@ class InferenceConfig(BaseModel):
             "as many gpu_ids (one replica each)."
         ),
     )
+    remote_engines: list[RemoteEngine] = Field(
+        default_factory=list,
+        description="vLLM servers on other hosts serving the same models; the gateway routes each rollout to one.",
+    )
     enable_sleep_mode: bool | None = Field(None, description="CUDA only; None → True on CUDA, False on CPU.")
     logprobs_mode: LogprobsMode = Field(
         "processed_logprobs",
@@ -73,6 +96,15 @@ class InferenceConfig(BaseModel):
     )
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _replicas_fit_gpus(self) -> InferenceConfig:
+        if self.gpu_ids is not None and self.replicas > 1 and len(self.gpu_ids) % self.replicas:
+            raise ValueError(
+                f"replicas={self.replicas} needs a multiple of {self.replicas} gpu_ids (one replica per GPU, or "
+                f"the same number each), not {self.gpu_ids}"
+            )
+        return self
 
     def sleep_mode_enabled(self, on_cuda: bool) -> bool:
         if not on_cuda:

@@ -39,6 +39,7 @@ from ..http_limits import ConnectionLimits, uvicorn_config
 from .forward import Forwarded, end_to_end_headers, openai_error
 from .process import find_free_port
 from .requests import RequestLimits, RequestRejected, parse_request
+from .routing import DP_RANK_HEADER, ROLLOUT_HEADER, route
 from .versions import ServedModel, Version, VersionTable
 from .vllm_server import InferenceServerError, VLLMServer
 
@@ -281,11 +282,12 @@ class Gateway:
             self._ended(model, version)
             return openai_error(404, f"model {requested!r} cannot be served: {error}", "not_found")
         payload["model"] = version.adapter
-        headers = end_to_end_headers(request.headers)
+        headers = {k: v for k, v in end_to_end_headers(request.headers).items() if k != DP_RANK_HEADER}
 
-        def upstream() -> httpx.Request:
-            headers["authorization"] = f"Bearer {self.server.api_key}"
-            url = f"{self.server.base_url}/{path}"  # read each time: a restarted engine may listen elsewhere
+        def upstream() -> httpx.Request:  # routed each time: a restarted engine may listen elsewhere
+            target = route(self.server, request.headers.get(ROLLOUT_HEADER))  # a rollout sticks to one engine
+            headers.update(target.headers, authorization=f"Bearer {target.api_key}")
+            url = f"{target.base_url}/{path}"
             return self.client.build_request(
                 "POST", url, params=request.query_params, headers=headers, json=payload
             )

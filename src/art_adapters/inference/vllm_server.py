@@ -40,6 +40,7 @@ from art_adapters.inference.process import (
     set_parent_death_signal,
     tail_lines,
 )
+from .routing import PeerEngine, load_on_peers, unload_on_peers
 
 __all__ = ["InferenceServerError", "VLLMServer", "find_free_port", "group_pids", "write_zero_adapter"]
 
@@ -94,6 +95,7 @@ class VLLMServer:
         self.on_cuda = False
         self.process: subprocess.Popen[bytes] | None = None
         self.loras: dict[str, Path] = {}
+        self.peers = [PeerEngine(spec) for spec in self.config.remote_engines]  # other hosts' servers
         self.bare_claims: dict[
             str, set[str]
         ] = {}  # bare model name -> model folders that use it (LocalBackend)
@@ -305,6 +307,7 @@ class VLLMServer:
             )
         t0 = time.perf_counter()
         await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p)})
+        await load_on_peers(self.peers, name, p)  # every engine holds the version before it is routed to
         self.last_lora_load_ms = (time.perf_counter() - t0) * 1000
         self.loras[name] = p
         log.info("loaded LoRA %s from %s in %.1f ms", name, p, self.last_lora_load_ms)
@@ -313,6 +316,7 @@ class VLLMServer:
     async def unload_lora(self, name: str) -> None:
         await self._post("/v1/unload_lora_adapter", {"lora_name": name})
         self.loras.pop(name, None)
+        await unload_on_peers(self.peers, name)
 
     async def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.25) -> None:
         """Reset the prefix cache, checking vLLM's answer: it says `{"success": false}` (with HTTP 200) while

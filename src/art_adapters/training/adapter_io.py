@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from ..config import LoRAConfig
 from ..untrusted import parse_step
-from .parallel import copy_full_into, full
+from .parallel import Parallel, full
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+
+class Trainer(Protocol):
+    """What saving and resuming read and set of a trainer (training/trainer.py's, in one process or sharded)."""
+
+    model: Any
+    optimizer: Any
+    step: int
+    base_model: str
+    engine: str
+    seed: int
+    lora: LoRAConfig
+    parallel: Parallel | None
+
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -52,7 +64,7 @@ def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         if key not in state:
             raise ValueError(f"modules_to_save module {name!r} has no weight in the adapter")
         wrapper = base.get_submodule(name)
-        original = wrapper.original_module.weight.detach().to("cpu", torch.float32)
+        original = full(wrapper.original_module.weight.detach()).to("cpu", torch.float32)
         trained = state.pop(key)
         if not isinstance(wrapper.original_module, torch.nn.Linear):
             raise ValueError(f"only Linear modules_to_save (lm_head) can be served by vLLM, not {name!r}")
@@ -74,18 +86,19 @@ def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return state, config
 
 
-def export_adapter(model: Any, directory: Path, write: bool = True) -> dict[str, Any]:
-    """Write adapter_config.json + adapter_model.safetensors (loads in PEFT and in vLLM); returns the config.
-    `write=False`: a sharded trainer's other processes, which take part in gathering but write nothing."""
+def export_adapter(model: Any, directory: Path) -> dict[str, Any]:
+    """Write adapter_config.json + adapter_model.safetensors (loads in PEFT and in vLLM); returns the config."""
+    state, config = adapter_tensors(model)
+    write_adapter(state, config, directory)
+    return config
+
+
+def write_adapter(state: dict[str, torch.Tensor], config: dict[str, Any], directory: Path) -> None:
     from safetensors.torch import save_file
 
-    state, config = adapter_tensors(model)
-    if not write:
-        return config
     directory.mkdir(parents=True, exist_ok=True)
     save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
-    return config
 
 
 def required_max_lora_rank(config: dict[str, Any]) -> int:
@@ -95,15 +108,20 @@ def required_max_lora_rank(config: dict[str, Any]) -> int:
 
 def save_trainer(trainer: Trainer, directory: Path) -> Path:
     """Adapter + `optimizer.pt` (optimizer, exact trainable tensors, rng) + `trainer_state.json`: the same files
-    whether the trainer is one process or sharded (gathered here; only the leader writes)."""
-    write = trainer.parallel is None or trainer.parallel.leader
-    config = export_adapter(trainer.model, directory, write)
-    params = {
-        n: full(p.detach()).cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
-    }
-    optimizer = _whole(trainer.optimizer.state_dict())
-    if not write:
-        return directory
+    of one process (a sharded trainer's are written by shard_io, in the same files)."""
+    config = export_adapter(trainer.model, directory)
+    params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    write_trainer_files(trainer, directory, config, params, trainer.optimizer.state_dict())
+    return directory
+
+
+def write_trainer_files(
+    trainer: Trainer,
+    directory: Path,
+    config: dict[str, Any],
+    params: dict[str, Any],
+    optimizer: dict[str, Any],
+) -> None:
     state: dict[str, Any] = {
         "optimizer": optimizer,
         "params": params,
@@ -122,7 +140,6 @@ def save_trainer(trainer: Trainer, directory: Path) -> Path:
         "vllm_max_lora_rank": required_max_lora_rank(config),
     }
     (directory / TRAINER_STATE).write_text(json.dumps(info, indent=2) + "\n")
-    return directory
 
 
 def load_trainer(trainer: Trainer, directory: Path) -> None:
@@ -137,22 +154,36 @@ def load_trainer(trainer: Trainer, directory: Path) -> None:
         return
     state = torch.load(directory / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
     named = dict(trainer.model.named_parameters())
-    missing = sorted(set(state["params"]) ^ {n for n, p in named.items() if p.requires_grad})
-    if missing:
-        raise ValueError(f"checkpoint {directory} does not match this adapter's parameters: {missing[:4]}")
-    for name, tensor in state["params"].items():
-        copy_full_into(named[name], tensor)
-    ids = [p for p in trainer.model.parameters() if p.requires_grad]  # the optimizer's parameter order
-    trainer.optimizer.load_state_dict(_sharded_like(state["optimizer"], ids))
+    check_params(state["params"], named, directory)
+    with torch.no_grad():
+        for name, tensor in state["params"].items():
+            named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+    trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.step = named_step if named_step is not None else int(state["step"])
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
 
 
+def check_params(saved: dict[str, Any], named: dict[str, torch.Tensor], directory: Path) -> None:
+    missing = sorted(set(saved) ^ {n for n, p in named.items() if p.requires_grad})
+    if missing:
+        raise ValueError(f"checkpoint {directory} does not match this adapter's parameters: {missing[:4]}")
+
+
 def load_adapter_weights(model: Any, directory: Path) -> None:
     """Load an exported adapter into a PEFT model of the same LoRAConfig (LoRA deltas back into full modules)."""
     from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, adapter_state(model, directory))
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"adapter {directory} has tensors this model lacks: {unexpected[:4]}")
+
+
+def adapter_state(model: Any, directory: Path) -> dict[str, torch.Tensor]:
+    """An exported adapter's tensors in PEFT's state-dict names (a `modules_to_save` delta turned back into the
+    trained module: the original plus B @ A)."""
     from safetensors.torch import load_file
 
     state = load_file(str(directory / ADAPTER_WEIGHTS))
@@ -160,63 +191,9 @@ def load_adapter_weights(model: Any, directory: Path) -> None:
     base = model.get_base_model()
     for name in config.modules_to_save or []:
         a, b = state.pop(f"{_PREFIX}{name}.lora_A.weight"), state.pop(f"{_PREFIX}{name}.lora_B.weight")
-        original = base.get_submodule(name).original_module.weight.detach().float().cpu()
+        original = full(base.get_submodule(name).original_module.weight.detach()).float().cpu()
         state[f"{_PREFIX}{name}.weight"] = original + b @ a
-    if any(_is_sharded(p) for p in model.parameters()):
-        _copy_adapter_into_shards(model, state, directory)
-        return
-    result = set_peft_model_state_dict(model, state)
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise ValueError(f"adapter {directory} has tensors this model lacks: {unexpected[:4]}")
-
-
-def _copy_adapter_into_shards(model: Any, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """`set_peft_model_state_dict` for a sharded model: each saved tensor into its (sharded) parameter."""
-    adapter = model.active_adapter
-    named = dict(model.named_parameters())
-    for key, value in state.items():
-        head, _, leaf = key.rpartition(".")
-        if ".lora_A" in head or ".lora_B" in head:
-            name = f"{head}.{adapter}.{leaf}"
-        else:
-            name = f"{head}.modules_to_save.{adapter}.{leaf}"
-        if name not in named:
-            raise ValueError(f"adapter {directory} has tensors this model lacks: {key}")
-        copy_full_into(named[name], value)
-
-
-def _is_sharded(tensor: torch.Tensor) -> bool:
-    from .parallel import is_sharded
-
-    return is_sharded(tensor)
-
-
-def _whole(optimizer_state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state dict with every sharded tensor gathered whole (the one-process format)."""
-    state = {
-        index: {
-            key: full(value).cpu() if isinstance(value, torch.Tensor) else value for key, value in s.items()
-        }
-        for index, s in optimizer_state["state"].items()
-    }
-    return {"state": state, "param_groups": optimizer_state["param_groups"]}
-
-
-def _sharded_like(optimizer_state: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
-    """The one-process optimizer state, its per-parameter tensors sharded as each parameter is."""
-    from torch.distributed.tensor import distribute_tensor
-
-    state = {}
-    for index, values in optimizer_state["state"].items():
-        param = params[int(index)]
-        state[index] = {
-            key: distribute_tensor(value.to(param.device), param.device_mesh, param.placements)  # type: ignore[attr-defined]
-            if _is_sharded(param) and isinstance(value, torch.Tensor) and value.shape == param.shape
-            else value
-            for key, value in values.items()
-        }
-    return {"state": state, "param_groups": optimizer_state["param_groups"]}
+    return state
 
 
 def vllm_unservable_modules(base_model: str | Path, modules_to_save: list[str]) -> list[str] | None:

@@ -1,21 +1,32 @@
-"""Data-parallel, sharded training under torch.distributed: the frozen base's decoder layers sharded with FSDP2
-(`fully_shard`), each process training its share of a step's micro-batches, gradients summed by the engine.
+"""A sharded trainer's process group: joining it (a FileStore on one host, a TCP store across hosts; explicit
+timeouts), the collectives the trainer runs outside FSDP2 (metric sums, agreement on an error, rank 0's bytes and
+tensors on every process), and each process's share of a step's micro-batches.
 
-The step's loss is normalised by the whole step's totals, so the step's gradient is the *sum* of the processes'
-gradients: each process scales its loss by the world size, which FSDP2's mean reduction divides out (gloo has no
-pre-multiplied sum to set FSDP2's divide factor to 1). FSDP2 gathers a layer's shards at every forward, so every process
-runs the same number of micro-batches: one with fewer pads with empty ones. Parameters outside the sharded layers
-(embeddings, a trained `lm_head`) stay whole on every process; their gradients are all-reduced here.
-"""
+Two groups: the training group (FSDP2's all-gathers and reduce-scatters, metric sums; `collective_timeout_s`, so
+a hung or dead peer makes every other rank raise within that bound) and a CPU control group (commands, checkpoint
+bytes; a long timeout, since ranks idle there between steps while the leader waits for the backend)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+CONTROL_TIMEOUT_S = 30 * 60.0  # the leader pings the control group well within it (worker.IDLE_PING_S)
+
+
+class AgreedError(Exception):
+    """An error every rank raises alike (a refused batch, a checkpoint the leader cannot read or write): the group
+    is still in step, so the trainer answers it and goes on. Any other exception in a rank aborts the group."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -24,35 +35,161 @@ class Parallel:
 
     rank: int
     world: int
-    mesh: Any  # torch.distributed.device_mesh.DeviceMesh
+    local_rank: int
+    nodes: int
+    mesh: Any  # torch.distributed.device_mesh.DeviceMesh: 1-D (FSDP) or ("replicate", "shard") (HSDP)
+    control: Any  # the CPU (gloo) group for commands and checkpoint bytes
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
 
+    @property
+    def node(self) -> int:
+        return self.rank // (self.world // self.nodes)
 
-def init_from_env(device_type: str) -> Parallel:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...): NCCL on CUDA, gloo on CPU."""
+
+def join(
+    store_spec: str,
+    device_type: str,
+    *,
+    nodes: int = 1,
+    hsdp: bool = False,
+    collective_timeout_s: float = 60.0,
+    start_timeout_s: float = 900.0,
+) -> Parallel:
+    """Join the group the launcher describes (RANK, WORLD_SIZE, LOCAL_RANK in the environment). `store_spec`:
+    `file:PATH` (one host: nothing listens on the network) or `tcp:HOST:PORT` (several hosts; rank 0 serves it).
+    NCCL for CUDA tensors, gloo for CPU tensors."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():
-        # CPU tensors (metric sums, norms, commands) go through gloo, CUDA tensors through NCCL
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    kind, _, where = store_spec.partition(":")
+    if kind == "file":
+        store: Any = dist.FileStore(where, world)
+        store.set_timeout(timedelta(seconds=start_timeout_s))
+    elif kind == "tcp":
+        host, _, port = where.rpartition(":")
+        store = dist.TCPStore(
+            host,
+            int(port),
+            world,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=start_timeout_s),
+            wait_for_workers=False,
+        )
+    else:
+        raise ValueError(f"store must be 'file:PATH' or 'tcp:HOST:PORT', not {store_spec!r}")
     if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    world = dist.get_world_size()
-    return Parallel(rank=dist.get_rank(), world=world, mesh=init_device_mesh(device_type, (world,)))
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo",
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=collective_timeout_s),
+    )
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
+    if hsdp and nodes > 1:
+        mesh = init_device_mesh(device_type, (nodes, world // nodes), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device_type, (world,))
+    return Parallel(rank=rank, world=world, local_rank=local_rank, nodes=nodes, mesh=mesh, control=control)
 
 
-def shard_decoder_layers(model: Any, parallel: Parallel) -> int:
-    """FSDP2 over each decoder layer of a PEFT-wrapped causal LM (LoRA weights shard with their layer);
-    returns how many layers were sharded."""
-    from torch.distributed.fsdp import fully_shard
+# --- collectives outside FSDP2 ----------------------------------------------------------------------------------
 
-    layers = model.get_base_model().model.layers
-    for layer in layers:
-        fully_shard(layer, mesh=parallel.mesh)
-    return len(layers)
+
+def summed(values: dict[str, float]) -> dict[str, float]:
+    """Each value summed over every process (training group)."""
+    keys = sorted(values)
+    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return dict(zip(keys, tensor.tolist(), strict=True))
+
+
+def agree(parallel: Parallel, error: BaseException | None, group: Any = None) -> None:
+    """Every rank calls this at the same point with its own outcome; if any rank failed, every rank raises the
+    same AgreedError (the lowest failing rank's type and message). `group`: the training group (None) where the
+    ranks arrive together, the control group where the leader arrives after reading or writing files."""
+    failing = torch.tensor([parallel.rank if error is not None else parallel.world], dtype=torch.long)
+    dist.all_reduce(failing, op=dist.ReduceOp.MIN, group=group)
+    source = int(failing.item())
+    if source == parallel.world:
+        return
+    if error is not None and parallel.rank == source:
+        kind, message = (
+            (error.kind, error.message)
+            if isinstance(error, AgreedError)
+            else (type(error).__name__, str(error))
+        )
+        payload: bytes | None = f"{kind}\n{message}".encode()
+    else:
+        payload = None
+    reply = broadcast_bytes(payload, parallel, src=source, group=dist.group.WORLD if group is None else group)
+    kind, _, message = reply.decode().partition("\n")
+    raise AgreedError(kind, message)
+
+
+def broadcast_bytes(payload: bytes | None, parallel: Parallel, *, src: int = 0, group: Any = None) -> bytes:
+    """`src`'s bytes on every process (CPU tensors; the control group unless `group` is given)."""
+    group = parallel.control if group is None else group
+    size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.long)
+    dist.broadcast(size, src=src, group=group)
+    count = int(size.item())
+    if not count:
+        return b""
+    buffer = (
+        torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        if parallel.rank == src and payload
+        else torch.empty(count, dtype=torch.uint8)
+    )
+    dist.broadcast(buffer, src=src, group=group)
+    return bytes(buffer.numpy().tobytes())
+
+
+def all_gather_bytes(payload: bytes, parallel: Parallel) -> list[bytes]:
+    """Every process's bytes, in rank order, on every process (control group)."""
+    size = torch.tensor([len(payload)], dtype=torch.long)
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(parallel.world)]
+    dist.all_gather(sizes, size, group=parallel.control)
+    width = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(width, dtype=torch.uint8)
+    mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else mine[:0]
+    everyone = [torch.empty(width, dtype=torch.uint8) for _ in range(parallel.world)]
+    dist.all_gather(everyone, mine, group=parallel.control)
+    return [bytes(t[: int(s.item())].numpy().tobytes()) for t, s in zip(everyone, sizes, strict=True)]
+
+
+def broadcast_tensor(
+    value: torch.Tensor | None, shape: list[int], dtype: torch.dtype, parallel: Parallel
+) -> Any:
+    """Rank 0's whole tensor on every process (control group, CPU)."""
+    tensor = value.detach().to("cpu", dtype).contiguous() if parallel.leader and value is not None else None
+    if tensor is None:
+        tensor = torch.empty(shape, dtype=dtype)
+    dist.broadcast(tensor, src=0, group=parallel.control)
+    return tensor
+
+
+def scatter_into(param: torch.Tensor, value: torch.Tensor | None, parallel: Parallel) -> None:
+    """Fill a sharded parameter (or optimizer state) from rank 0's whole `value`: each process receives only its
+    own shard (the others pass None)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        if not isinstance(param, DTensor):
+            param.copy_(broadcast_tensor(value, list(param.shape), param.dtype, parallel).to(param.device))
+            return
+        local = param.to_local()
+        source = (
+            value.detach().to(local.device, param.dtype)
+            if parallel.leader and value is not None
+            else torch.empty(param.shape, dtype=param.dtype, device=local.device)
+        )
+        part = distribute_tensor(source, param.device_mesh, param.placements, src_data_rank=0)
+        local.copy_(part.to_local())
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
@@ -64,48 +201,6 @@ def is_sharded(tensor: torch.Tensor) -> bool:
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor (gathered from every process when sharded: every process must call this)."""
     return tensor.full_tensor() if is_sharded(tensor) else tensor  # type: ignore[attr-defined]
-
-
-def copy_full_into(param: torch.Tensor, value: torch.Tensor) -> None:
-    """Set a (possibly sharded) parameter from its whole value."""
-    with torch.no_grad():
-        if is_sharded(param):
-            from torch.distributed.tensor import distribute_tensor
-
-            part = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements)  # type: ignore[attr-defined]
-            param.to_local().copy_(part.to_local())  # type: ignore[attr-defined]
-        else:
-            param.copy_(value.to(param.device, param.dtype))
-
-
-def sum_whole_gradients(params: list[torch.Tensor], world: int) -> None:
-    """The gradients of the parameters FSDP2 does not manage, summed over processes (their losses were scaled by
-    the world size, as FSDP2's averaging needs: that scale is divided out here)."""
-    for param in params:
-        if param.grad is not None and not is_sharded(param):
-            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
-            param.grad.div_(world)
-
-
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Clip the step's gradient to `max_norm` (the norm over every process's shards, each element counted once)."""
-    sharded_sq = torch.zeros((), dtype=torch.float64)
-    whole_sq = torch.zeros((), dtype=torch.float64)
-    for param in params:
-        if param.grad is None:
-            continue
-        if is_sharded(param):
-            sharded_sq += param.grad.to_local().double().pow(2).sum().cpu()  # type: ignore[attr-defined]
-        else:
-            whole_sq += param.grad.double().pow(2).sum().cpu()
-    dist.all_reduce(sharded_sq, op=dist.ReduceOp.SUM)
-    norm = (sharded_sq + whole_sq).sqrt()
-    coef = min(1.0, max_norm / (float(norm) + 1e-6))
-    if coef < 1.0:
-        for param in params:
-            if param.grad is not None:
-                param.grad.mul_(coef)
-    return norm.float()
 
 
 def my_share(batches: list[list[int]], sizes: list[int], parallel: Parallel) -> tuple[list[list[int]], int]:
@@ -120,17 +215,3 @@ def my_share(batches: list[list[int]], sizes: list[int], parallel: Parallel) -> 
         loads[target] += sum(sizes[j] for j in batches[i])
     mine = sorted(owned[parallel.rank], key=lambda b: b[0])
     return mine, max(len(o) for o in owned)
-
-
-def broadcast_bytes(payload: bytes | None, parallel: Parallel, group: Any) -> bytes:
-    """Rank 0's bytes on every process (over the CPU `group`)."""
-    size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.long)
-    dist.broadcast(size, src=0, group=group)
-    buffer = (
-        torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        if parallel.leader and payload
-        else torch.empty(int(size.item()), dtype=torch.uint8)
-    )
-    if int(size.item()):
-        dist.broadcast(buffer, src=0, group=group)
-    return bytes(buffer.numpy().tobytes())

@@ -1,39 +1,50 @@
-"""A Trainer that is N processes under torchrun (FSDP2, `parallel.py`), driven from the backend's process: the same
-methods as `Trainer` (train_step, sft_step, save, load, logprobs_of, step), each sent to the workers' leader over
-a Unix socket in a private folder. One setting chooses it: `LocalBackend(trainer_processes=N)`."""
+"""A Trainer that is N processes (FSDP2, `fsdp.py`), driven from the backend's process: the same methods as `Trainer`
+(train_step, sft_step, save, load, logprobs_of, step), each sent to the processes' leader over a Unix socket in a
+private folder. One setting chooses it: `LocalBackend(trainer_processes=N)`.
+
+Faults end in an error, never a hang: a process that exits (an exception, a kill) takes the others down at once
+and the call raises with the end of its log; a hung process makes its peers' collectives time out
+(`collective_timeout_s`); a leader whose heartbeat stops is declared dead after `heartbeat_timeout_s`. A dead
+trainer stays dead (`alive` is False; the backend replaces it from the last checkpoint). `close()` returns within
+seconds whatever the processes do."""
 
 from __future__ import annotations
 
 import logging
-import os
+import select
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from ..config import LoRAConfig, SFTConfig, TrainConfig
+from ..config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
+from . import launcher
+from .launcher import Ranks, WorkerSpec, host_env
+from .rendezvous import TOKEN_ENV, join_token
 from .tokenize import TokenizationError
-from .worker import receive, send
+from .wire import receive, send
 
 log = logging.getLogger(__name__)
 Metrics = dict[str, Any]
+POLL_S = 0.25
 
 
 class TrainerProcessError(RuntimeError):
-    """The sharded trainer's processes failed (the message holds the end of their log)."""
+    """The sharded trainer's processes failed (the message holds the end of their logs)."""
 
 
 class ShardedTrainer:
     """`processes` trainer processes on this host (`gpu_ids`: one GPU each; none: CPU, gloo). With `nodes > 1`,
-    this host is node 0 of torchrun's static rendezvous at `master` ("host:port", reachable from the others),
-    and each other host joins with `worker_command(...)` (`art-adapters trainer-worker`)."""
+    this host is node 0 and rank 0 serves the rendezvous at `master` ("host:port", reachable by the others,
+    which join with the command this logs; every host needs the same ART_ADAPTERS_TRAINER_TOKEN). `options`:
+    activation checkpointing, HSDP across hosts, timeouts. `worker_module`: the module each process runs (default
+    `launcher.WORKER_MODULE`; tests wrap the worker in one that injects faults)."""
 
     def __init__(
         self,
@@ -47,7 +58,9 @@ class ShardedTrainer:
         engine: str = "auto",
         seed: int = 0,
         max_seq_len: int = 2048,
+        options: ShardedTrainerOptions | None = None,
         start_timeout_s: float = 900.0,
+        worker_module: str | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"trainer processes must be >= 1, not {processes}")
@@ -57,54 +70,73 @@ class ShardedTrainer:
             raise ValueError(
                 "a trainer on several hosts needs master='host:port' (this host, reachable by the others)"
             )
+        if engine == "unsloth":
+            log.warning(
+                "the sharded trainer runs PEFT + transformers under FSDP2 (Unsloth's route is not used)"
+            )
+        options = options or ShardedTrainerOptions()
+        token = join_token(required=nodes > 1)
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
         self.processes = processes
+        self.heartbeat_timeout_s = options.heartbeat_timeout_s
         self._lock = threading.Lock()
+        self._dead: str | None = None
+        self._conn: socket.socket | None = None
         self._folder = Path(
             tempfile.mkdtemp(prefix="art-trainer-")
         )  # 0700: only this user reaches the socket
-        self._log_path = self._folder / "workers.log"
+        spec = WorkerSpec(
+            base_model=self.base_model,
+            lora=self.lora,
+            processes=processes,
+            nodes=nodes,
+            device="cuda" if gpu_ids else "cpu",
+            seed=seed,
+            max_seq_len=max_seq_len,
+            activation_checkpointing=options.activation_checkpointing,
+            collective_timeout_s=options.collective_timeout_s,
+            hsdp=options.hsdp,
+        )
+        store = f"tcp:{master}" if nodes > 1 else f"file:{self._folder / 'store'}"
+        for node in range(1, nodes):
+            log.info(
+                "trainer node 0 of %d waits at %s; with %s set to the same token, on host %d run: %s",
+                nodes,
+                master,
+                TOKEN_ENV,
+                node,
+                spec.join_command(node, str(master)),
+            )
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(self._folder / "control.sock"))
         listener.listen(1)
-        listener.settimeout(1.0)
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
-        if gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-        address = master or f"127.0.0.1:{_free_port()}"
-        command = worker_command(
-            self.base_model,
-            self.lora,
-            processes=processes,
-            nodes=nodes,
-            node_rank=0,
-            master=address,
-            device="cuda" if gpu_ids else "cpu",
-            engine=engine,
-            seed=seed,
-            max_seq_len=max_seq_len,
-        ) + [f"--socket={self._folder / 'control.sock'}"]
-        if nodes > 1:
-            join = worker_command(
-                self.base_model, self.lora, processes=processes, nodes=nodes, node_rank=1, master=address,
-                device="cuda" if gpu_ids else "cpu", engine=engine, seed=seed, max_seq_len=max_seq_len,
-            )  # fmt: skip
-            log.info(
-                "trainer node 0 of %d waits at %s; on each other host run: %s", nodes, address, " ".join(join)
+        try:
+            self._ranks = Ranks(
+                spec.argv(store, worker_module or launcher.WORKER_MODULE)
+                + [f"--socket={self._folder / 'control.sock'}"],
+                processes=processes,
+                node_rank=0,
+                nodes=nodes,
+                folder=self._folder,
+                env=host_env(nodes == 1, token, gpu_ids),
             )
-        with self._log_path.open("wb") as out:
-            self._process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-        self._finalizer = weakref.finalize(self, _stop, self._process, self._folder)
+        except BaseException:
+            listener.close()
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        self._finalizer = weakref.finalize(self, _stop, self._ranks, self._folder)
         try:
             self._conn = self._accept(listener, start_timeout_s)
-            hello = receive(self._conn)
+            hello = self._answer(deadline=time.monotonic() + start_timeout_s)
+            if "error" in hello:
+                self._fail(f"the trainer processes refused to start: {hello['error']}: {hello['message']}")
         except BaseException:
             self.close()
             raise
         finally:
             listener.close()
-        self.engine = f"{hello['engine']}+fsdp2x{processes}"
+        self.engine = f"{hello['engine']}+fsdp2x{processes * nodes}"
         self.load_seconds = float(hello["load_seconds"])
         self._step = int(hello["step"])
 
@@ -117,6 +149,11 @@ class ShardedTrainer:
     @step.setter
     def step(self, value: int) -> None:
         self._call("set_step", step=int(value))
+
+    @property
+    def alive(self) -> bool:
+        """False once a process failed or the trainer was closed (its state is then only what was saved)."""
+        return self._dead is None and self._ranks.exited() is None
 
     def train_step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> Metrics:
         answer = self._call(
@@ -138,7 +175,7 @@ class ShardedTrainer:
         return answer["metrics"]
 
     def sft_batches(self, trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
-        from .trainer import sft_batches
+        from .prepare import sft_batches
 
         return sft_batches(trajectories, config)
 
@@ -154,156 +191,133 @@ class ShardedTrainer:
             "logprobs"
         ]
 
+    def memory(self, *, probe: bool = True) -> list[dict[str, Any]]:
+        """Each process's peak RSS and (when a probe was on) the most its frozen weights held since the last call;
+        `probe` turns the probe on for the next commands."""
+        return self._call("memory", probe=probe)["ranks"]
+
     def close(self) -> None:
-        """Stop the processes (after finishing the command in flight)."""
-        with self._lock:
-            conn = getattr(self, "_conn", None)
-            if conn is not None and self._process.poll() is None:
+        """Stop the processes: a clean close when they answer within seconds, SIGKILL otherwise. Returns within
+        about 10 s whatever they do; a call in flight in another thread raises."""
+        idle = self._lock.acquire(timeout=0.5)
+        try:
+            if idle and self._dead is None and self._conn is not None and self._ranks.exited() is None:
                 try:
-                    send(conn, {"op": "close"})
-                    receive(conn)
-                    self._process.wait(timeout=60)
-                except (OSError, ConnectionError, subprocess.TimeoutExpired):
+                    self._conn.settimeout(2.0)
+                    send(self._conn, {"op": "close"})
+                    self._answer(deadline=time.monotonic() + 4.0)
+                    self._ranks.wait_all(2.0)
+                except (OSError, ConnectionError, TrainerProcessError):
                     pass
-            if conn is not None:
-                conn.close()
-                self._conn = None
+            self._dead = self._dead or "closed"
+            self._ranks.kill()
+            if self._conn is not None:
+                self._conn.close()
+        finally:
+            if idle:
+                self._lock.release()
         self._finalizer()
 
     # --- plumbing --------------------------------------------------------------------------------------------
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
-            if getattr(self, "_conn", None) is None:
-                raise TrainerProcessError("the sharded trainer is closed")
-            try:
-                send(self._conn, {"op": op, **fields})
-                answer = receive(self._conn)
-            except (OSError, ConnectionError) as error:
+            if self._dead is not None or self._conn is None:
                 raise TrainerProcessError(
-                    f"the trainer processes stopped: {error}\n{self._log_tail()}"
-                ) from error
+                    f"the sharded trainer is {self._dead or 'closed'}: it cannot run {op!r}"
+                )
+            try:
+                self._conn.settimeout(self.heartbeat_timeout_s)
+                send(self._conn, {"op": op, **fields})
+            except OSError as error:
+                self._fail(f"the trainer's leader stopped taking commands ({error})")
+            answer = self._answer()
         self._step = int(answer.get("step", self._step))
         if "error" in answer:
-            kind = TokenizationError if answer["error"] == "TokenizationError" else TrainerProcessError
-            raise kind(
-                f"{answer['message']}"
-                if kind is TokenizationError
-                else f"{answer['error']}: {answer['message']}"
-            )
+            if answer["error"] == "TokenizationError":
+                raise TokenizationError(answer["message"])
+            raise TrainerProcessError(f"{answer['error']}: {answer['message']}")
         return answer
 
-    def _accept(self, listener: socket.socket, timeout_s: float) -> socket.socket:
-        import time
+    def _answer(self, deadline: float | None = None) -> dict[str, Any]:
+        """The leader's next answer (heartbeats skipped), watching every process meanwhile."""
+        assert self._conn is not None
+        heard = time.monotonic()
+        while True:
+            if self._dead is not None:
+                self._fail(f"the sharded trainer was {self._dead} during the call")
+            try:
+                readable, _, _ = select.select([self._conn], [], [], POLL_S)
+            except (OSError, ValueError):  # closed by close() in another thread
+                self._fail("the sharded trainer was closed during the call")
+            now = time.monotonic()
+            if readable:
+                try:
+                    message = receive(self._conn)
+                except (OSError, ConnectionError) as error:
+                    self._ranks.wait_all(2.0)  # the exit codes say more than the socket
+                    self._fail(
+                        f"the trainer's leader went away ({error}); {self._exits()}", first=self._culprit()
+                    )
+                if "heartbeat" not in message:
+                    return message
+                heard = now
+                continue
+            exited = self._ranks.exited()
+            if exited is not None:
+                rank, code = exited
+                self._fail(f"trainer rank {rank} exited with {_exit_text(code)}", first=rank)
+            if deadline is None and now - heard > self.heartbeat_timeout_s:
+                self._fail(f"the trainer's leader sent no heartbeat for {self.heartbeat_timeout_s:.0f} s")
+            if deadline is not None and now > deadline:
+                self._fail("the trainer processes did not answer in time")
 
+    def _accept(self, listener: socket.socket, timeout_s: float) -> socket.socket:
         deadline = time.monotonic() + timeout_s
+        listener.settimeout(POLL_S)
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise TrainerProcessError(f"the trainer processes exited while loading\n{self._log_tail()}")
+            exited = self._ranks.exited()
+            if exited is not None:
+                self._fail(
+                    f"trainer rank {exited[0]} exited with {_exit_text(exited[1])} while starting",
+                    first=exited[0],
+                )
             try:
                 conn, _ = listener.accept()
-                conn.settimeout(None)
-                return conn
             except TimeoutError:
                 continue
-        raise TrainerProcessError(
-            f"the trainer processes did not start within {timeout_s:.0f} s\n{self._log_tail()}"
+            conn.settimeout(None)
+            return conn
+        self._fail(f"the trainer processes did not start within {timeout_s:.0f} s")
+
+    def _exits(self) -> str:
+        codes = [(rank, p.poll()) for rank, p in self._ranks.processes.items()]
+        return ", ".join(
+            f"rank {rank} exited with {_exit_text(code)}" if code is not None else f"rank {rank} still ran"
+            for rank, code in codes
         )
 
-    def _log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self._log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+    def _culprit(self) -> int | None:
+        """The rank most likely to have failed first: one killed by a signal, else a follower that failed."""
+        codes = {rank: p.poll() for rank, p in self._ranks.processes.items()}
+        signalled = [rank for rank, code in codes.items() if code is not None and code < 0]
+        failed = [rank for rank, code in codes.items() if code and rank != 0]
+        return (signalled or failed or [None])[0]
+
+    def _fail(self, why: str, first: int | None = None) -> NoReturn:
+        """Take every process down, remember the trainer is dead, raise with their logs."""
+        self._dead = self._dead or "dead"
+        self._ranks.kill()
+        raise TrainerProcessError(f"{why}\n{self._ranks.log_tail(first)}")
 
 
-def worker_command(
-    base_model: str,
-    lora: LoRAConfig,
-    *,
-    processes: int,
-    nodes: int,
-    node_rank: int,
-    master: str,
-    device: str,
-    engine: str = "auto",
-    seed: int = 0,
-    max_seq_len: int = 2048,
-) -> list[str]:
-    """torchrun's command for one host's trainer processes (node 0 also gets `--socket`, added by the leader)."""
-    host, _, port = master.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"master must be 'host:port', not {master!r}")
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nodes}",
-        f"--node-rank={node_rank}",
-        f"--nproc-per-node={processes}",
-        f"--master-addr={host}",
-        f"--master-port={port}",
-        "-m",
-        "art_adapters.training.worker",
-        f"--base-model={base_model}",
-        f"--lora={lora.model_dump_json()}",
-        f"--device={device}",
-        f"--engine={engine}",
-        f"--seed={seed}",
-        f"--max-seq-len={max_seq_len}",
-    ]
+def _exit_text(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"code {code}"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _stop(process: subprocess.Popen[bytes], folder: Path) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def _stop(ranks: Ranks, folder: Path) -> None:
+    ranks.kill()
     shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["ShardedTrainer", "TrainerProcessError", "worker_command"]
-
-
-def trainer_worker_command(argv: list[str] | None = None) -> int:
-    """`art-adapters trainer-worker`: join a sharded trainer from another host (node 1..N-1 of its rendezvous)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="art-adapters trainer-worker",
-        description="Run this host's share of a sharded trainer whose node 0 is an `art-adapters serve` (or a "
-        "LocalBackend) started with the same --trainer-nodes and --trainer-master.",
-    )
-    parser.add_argument("--nodes", type=int, required=True, help="hosts in the trainer, this one included")
-    parser.add_argument("--node-rank", type=int, required=True, help="this host's number, 1..nodes-1")
-    parser.add_argument(
-        "--processes", type=int, default=1, help="trainer processes on this host (one per GPU)"
-    )
-    parser.add_argument("--master", required=True, help="node 0's host:port")
-    parser.add_argument("--base-model", required=True, help="the same base model (a path on this host)")
-    parser.add_argument("--lora", default="{}", help="the model's LoRAConfig as JSON (node 0 logs it)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if not 1 <= args.node_rank < args.nodes:
-        raise SystemExit(f"--node-rank must be 1..{args.nodes - 1} (node 0 is the backend's host)")
-    command = worker_command(
-        args.base_model,
-        LoRAConfig.model_validate_json(args.lora),
-        processes=args.processes,
-        nodes=args.nodes,
-        node_rank=args.node_rank,
-        master=args.master,
-        device=args.device,
-        seed=args.seed,
-    )
-    return subprocess.call(command)
+__all__ = ["ShardedTrainer", "TrainerProcessError"]

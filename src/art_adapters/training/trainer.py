@@ -1,43 +1,38 @@
 """The GRPO/SFT trainer on a LoRA adapter: Unsloth on CUDA, PEFT + transformers otherwise (or on request).
 
-One `train_step` = tokenize the groups, pack micro-batches by a token budget, accumulate the whole step's
-gradient, clip it, take one AdamW step. Under torchrun (`parallel`), each process takes its share of the
-micro-batches of the same step and FSDP2 sums the gradients (`parallel.py`).
+One `train_step` = tokenize the groups (`prepare.py`), pack micro-batches by a token budget, accumulate the whole
+step's gradient, clip it, take one AdamW step. As one of a sharded trainer's processes (`parallel`), it loads its
+shards of the model (`fsdp.py`), takes its share of the step's micro-batches, runs padding micro-batches that make
+exactly the collectives a real one makes, and syncs gradients on the last one only.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
 from ..config import LoRAConfig, SFTConfig, TrainConfig
-from ..sources import CallSource
 from ..trajectories import Trajectory, TrajectoryGroup
-from . import adapter_io
+from ..untrusted import parse_step
+from . import adapter_io, loading, shard_io
 from .batching import pack_micro_batches, trajectory_of
-from .loss import StepTotals, group_advantages, policy_loss, role_advantages
+from .fsdp import Scorer
+from .loss import StepTotals, policy_loss
 from .parallel import Parallel
+from .prepare import prepare_groups, sft_batches, skip_reason
 from .quiet import quiet_loading
-from .tokenize import (
-    TRAIN_ON_KEYS,
-    TokenizationError,
-    TrainSequence,
-    sequences_from_samples,
-    sft_samples,
-    tokenize_trajectory,
-)
+from .tokenize import TrainSequence, sequences_from_samples, sft_samples
 
 log = logging.getLogger(__name__)
 
 Engine = Literal["auto", "unsloth", "peft"]
 Metrics = dict[str, Any]
+T = TypeVar("T")
 
 
 def default_engine() -> Literal["unsloth", "peft"]:
@@ -77,69 +72,47 @@ class Trainer:
         started = time.perf_counter()
         torch.manual_seed(seed)
         wanted = default_engine() if engine == "auto" else engine
+        if parallel is not None and wanted == "unsloth":  # Unsloth's own FSDP2 route has not run on GPUs here
+            log.warning("the sharded trainer runs PEFT + transformers under FSDP2, not Unsloth")
+            wanted = "peft"
         self.engine: str = wanted
-        if wanted == "unsloth":
+        if parallel is not None:
+            from .fsdp import build_sharded_peft
+
+            with quiet_loading():
+                self.tokenizer = loading.load_tokenizer(self.base_model)
+                self.model, self.scorer = build_sharded_peft(
+                    self.base_model,
+                    loading.peft_config(self.lora),
+                    parallel,
+                    device=self.device,
+                    dtype=self.dtype,
+                    seed=seed,
+                    checkpointing=gradient_checkpointing,
+                )
+        elif wanted == "unsloth":
             try:
                 with quiet_loading():
-                    self.model, self.tokenizer = self._load_unsloth(max_seq_len, gradient_checkpointing)
+                    self.model, self.tokenizer = loading.load_unsloth(
+                        self.base_model, self.lora, self.dtype, max_seq_len, gradient_checkpointing, seed
+                    )
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
                 log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
                 self.engine = "peft"
-        if self.engine == "peft":
+        if self.engine == "peft" and parallel is None:
             torch.manual_seed(seed)
             with quiet_loading():
-                self.model, self.tokenizer = self._load_peft(gradient_checkpointing)
+                self.model, self.tokenizer = loading.load_peft(
+                    self.base_model, self.lora, self.dtype, self.device, gradient_checkpointing
+                )
         self.load_seconds = time.perf_counter() - started
         self.vocab_size = max(len(self.tokenizer), int(self.model.get_base_model().config.vocab_size))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        if parallel is not None:
-            from .parallel import shard_decoder_layers
-
-            shard_decoder_layers(self.model, parallel)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]  # after sharding: its DTensors
+        if parallel is None:
+            self.scorer = Scorer(self.model.get_base_model())
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # sharded: its DTensors
         fused = self.device.type == "cuda" and parallel is None
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, fused=fused)
-
-    # --- loading -----------------------------------------------------------------------------------------
-
-    def _load_unsloth(self, max_seq_len: int, gradient_checkpointing: bool) -> tuple[Any, Any]:
-        from unsloth import FastLanguageModel
-
-        model, tokenizer = FastLanguageModel.from_pretrained(
-            model_name=self.base_model, max_seq_length=max_seq_len, dtype=self.dtype, load_in_4bit=False
-        )
-        model = FastLanguageModel.get_peft_model(
-            model,
-            r=self.lora.rank,
-            lora_alpha=self.lora.alpha,
-            lora_dropout=self.lora.dropout,
-            target_modules=list(self.lora.target_modules),
-            modules_to_save=list(self.lora.modules_to_save) or None,
-            bias="none",
-            use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
-            random_state=self.seed,
-        )
-        return model, getattr(tokenizer, "tokenizer", tokenizer)
-
-    def _load_peft(self, gradient_checkpointing: bool) -> tuple[Any, Any]:
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(self.base_model)
-        model = AutoModelForCausalLM.from_pretrained(self.base_model, dtype=self.dtype).to(self.device)
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.enable_input_require_grads()
-        config = LoraConfig(
-            r=self.lora.rank,
-            lora_alpha=self.lora.alpha,
-            lora_dropout=self.lora.dropout,
-            target_modules=list(self.lora.target_modules),
-            modules_to_save=list(self.lora.modules_to_save) or None,
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        return get_peft_model(model, config), tokenizer
 
     # --- forward -----------------------------------------------------------------------------------------
 
@@ -154,11 +127,8 @@ class Trainer:
         b_idx = torch.tensor([b for b, ts in enumerate(targets) for _ in ts], dtype=torch.long)
         t_idx = torch.tensor([t for ts in targets for t in ts], dtype=torch.long)
         input_ids = input_ids.to(self.device)
-        lm = self.model.get_base_model()
         # Right padding under a causal mask: real tokens never see the pads, so no attention mask is needed.
-        hidden = lm.model(input_ids=input_ids).last_hidden_state
-        hidden = hidden[b_idx.to(self.device), (t_idx - 1).to(self.device)]
-        logits = lm.lm_head(hidden).float()
+        logits = self.scorer(input_ids, b_idx.to(self.device), (t_idx - 1).to(self.device)).float()
         temps = torch.tensor(temperatures, dtype=torch.float32, device=self.device)[b_idx.to(self.device)]
         logits = logits / temps[:, None]
         chosen = input_ids[b_idx.to(self.device), t_idx.to(self.device)]
@@ -169,6 +139,7 @@ class Trainer:
         """Logprob of each `token_ids[i]`, i >= start, given `token_ids[:i]`, under the current adapter."""
         self.model.eval()
         positions = list(range(max(start, 1), len(token_ids)))
+        self._agreed(lambda: _check_ids(token_ids, self.vocab_size))
         if not positions:
             return []
         return self._token_logprobs([list(token_ids)], [positions], [temperature]).tolist()
@@ -194,7 +165,7 @@ class Trainer:
 
     def compute_gradients(self, groups: list[TrajectoryGroup], config: TrainConfig) -> Metrics:
         """The step's full gradient, accumulated over its micro-batches into `.grad` (no optimizer step)."""
-        sequences, metrics = self.prepare(groups, config)
+        sequences, metrics = self._agreed(lambda: self.prepare(groups, config))
         self.optimizer.zero_grad(set_to_none=True)
         if not sequences:
             metrics["skipped_reason"] = skip_reason(groups, metrics)
@@ -203,27 +174,33 @@ class Trainer:
         totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), trajectories=trajectories)
         self._seed_step()
         self.model.train()
-        sums = {
-            "loss": 0.0,
-            "tokens": 0.0,
-            "clipped": 0.0,
-            "ratio": 0.0,
-            "kl": 0.0,
-            "staleness": 0.0,
-            "stale": 0.0,
-            "truncated": 0.0,
-            "behaviour_weight": 0.0,
-        }
+        keys = (
+            "loss",
+            "tokens",
+            "clipped",
+            "ratio",
+            "kl",
+            "staleness",
+            "stale",
+            "truncated",
+            "behaviour_weight",
+        )
+        sums = dict.fromkeys(keys, 0.0)
         batches = pack_micro_batches(
             [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
         )
-        mine, rounds = self._share(batches, [len(s) for s in sequences])
-        for batch in mine:
-            loss, part = self._micro_batch_loss([sequences[i] for i in batch], config, totals)
-            self._backward(loss)
+
+        def run(batch: list[int] | None) -> torch.Tensor:
+            loss, part = self._micro_batch_loss(
+                [sequences[i] for i in batch] if batch is not None else [self._padding()], config, totals
+            )
+            if batch is None:
+                return loss * 0.0
             for key, value in part.items():
                 sums[key] += value
-        self._finish_backward(rounds - len(mine))
+            return loss
+
+        rounds = self._accumulate(batches, [len(s) for s in sequences], run)
         sums = self._summed(sums)
         tokens = max(sums["tokens"], 1.0)
         metrics.update(
@@ -249,97 +226,8 @@ class Trainer:
     def prepare(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> tuple[list[TrainSequence], Metrics]:
-        """Attach each trajectory's group advantage, computed over the whole group (a trajectory that trains no
-        token, say one that never reached a `train_on` node, still counts in its group's baseline), then tokenize
-        every trajectory (groups never mix)."""
-        rewards = [t.reward for g in groups for t in g.trajectories]
-        metrics: Metrics = {
-            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "reward_std": _std(rewards),
-            "groups": len(groups),
-            "trajectories": len(rewards),
-            "skipped_groups": 0,
-            "groups_without_samples": 0,
-            "skipped_trajectories": 0,
-            "trained_tokens": 0,
-            "truncated_tokens": 0,
-            "ratio_excluded_tokens": 0,
-            "ratio_missing_tokens": 0,
-            "left_out_tokens": 0,
-        }
-        excluded_reasons: set[str] = set()
-        sequences: list[TrainSequence] = []
-        fractions: list[float] = []
-        captured: list[float] = []
-        unmatched = _Unmatched(config.train_on)
-        for g, group in enumerate(groups):
-            trajectories = group.trajectories
-            advantages = group_advantages(
-                [t.reward for t in trajectories], scale_rewards=config.scale_rewards, group_index=g
-            )
-            by_role = role_advantages(trajectories, config.scale_rewards, g)
-            tokenized: list[tuple[int, list[TrainSequence]]] = []
-            for i, trajectory in enumerate(trajectories):
-                out = tokenize_trajectory(
-                    trajectory,
-                    self.tokenizer,
-                    max_seq_len=config.max_seq_len,
-                    vocab_size=self.vocab_size,
-                    group_index=g,
-                    trajectory_index=i,
-                    train_unkept_choices=config.train_unkept_choices,
-                    train_on=dict(config.train_on) if config.train_on else None,
-                    train_retokenized_text=config.train_retokenized_text,
-                )
-                unmatched.saw(trajectory, out.sources)
-                metrics["truncated_tokens"] += out.truncated_tokens
-                metrics["ratio_excluded_tokens"] += out.excluded_tokens
-                metrics["ratio_missing_tokens"] += out.missing_tokens
-                metrics["left_out_tokens"] += out.left_out_tokens
-                excluded_reasons |= out.excluded_reasons
-                if out.skipped:
-                    metrics["skipped_trajectories"] += 1
-                else:
-                    trajectory.metrics["sampled_token_fraction"] = out.sampled_token_fraction
-                    trajectory.metrics["captured_token_fraction"] = out.captured_token_fraction
-                    fractions.append(out.sampled_token_fraction)
-                    captured.append(out.captured_token_fraction)
-                    tokenized.append((i, out.sequences))
-            if not tokenized:
-                metrics["groups_without_samples"] += 1
-                continue
-            if advantages is None and not any(any(values) for values in by_role.values()):
-                metrics["skipped_groups"] += 1
-                continue
-            for i, seqs in tokenized:
-                for sequence in seqs:
-                    sequence.advantage = advantages[i] if advantages is not None else 0.0
-                    sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
-                    sequences.append(sequence)
-        metrics["sampled_token_fraction"] = min(fractions, default=1.0)
-        metrics["captured_token_fraction"] = min(captured, default=1.0)
-        if metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
-            raise TokenizationError(
-                f"sampled_token_fraction is {metrics['sampled_token_fraction']:.4f}: some trained tokens were not "
-                "sampled by the engine; refusing to train on them (TrainConfig(train_retokenized_text=True) "
-                "allows re-tokenized text)"
-            )
-        metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
-        if metrics["ratio_excluded_tokens"]:
-            log.warning(
-                "%d sampled tokens came from distributions the trainer does not reproduce (%s): trained without an "
-                "importance ratio (on-policy weight 1), see training/loss.py",
-                metrics["ratio_excluded_tokens"],
-                "; ".join(sorted(excluded_reasons)),
-            )
-        if metrics["ratio_missing_tokens"]:
-            log.warning(
-                "%d trained tokens have no sampled logprob (the engine returned none for them, e.g. Responses API "
-                "tool calls): trained without an importance ratio (on-policy weight 1)",
-                metrics["ratio_missing_tokens"],
-            )
-        unmatched.warn()
-        return sequences, metrics
+        """See `prepare_groups`."""
+        return prepare_groups(self.tokenizer, self.vocab_size, groups, config)
 
     def _micro_batch_loss(
         self, batch: list[TrainSequence], config: TrainConfig, totals: StepTotals
@@ -347,11 +235,13 @@ class Trainer:
         rows = [s.input_ids for s in batch]
         targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
         temps = [s.temperature for s in batch]
-        new = self._token_logprobs(rows, targets, temps)
         ref = None
-        if config.beta > 0:
+        if (
+            config.beta > 0
+        ):  # the reference policy first: its no-grad forward never sits inside a pending backward
             with torch.no_grad(), self.model.disable_adapter():
                 ref = self._token_logprobs(rows, targets, temps)
+        new = self._token_logprobs(rows, targets, temps)
         flat = [(b, t) for b, ts in enumerate(targets) for t in ts]
         sampled = torch.tensor([batch[b].sampled_logprobs[t] for b, t in flat], dtype=torch.float32)
         advantages = torch.tensor([batch[b].advantage_at(t) for b, t in flat], dtype=torch.float32)
@@ -376,12 +266,15 @@ class Trainer:
     def sft_step(self, trajectories: list[Trajectory], config: SFTConfig) -> Metrics:
         """One optimizer step of cross-entropy on the assistant turns (token-averaged over the batch)."""
         started = time.perf_counter()
-        sequences: list[TrainSequence] = []
-        for trajectory in trajectories:
-            out = sequences_from_samples(
-                sft_samples(trajectory, self.tokenizer), max_seq_len=config.max_seq_len
-            )
-            sequences += out.sequences
+
+        def tokenized() -> list[TrainSequence]:
+            rows: list[TrainSequence] = []
+            for trajectory in trajectories:
+                samples = sft_samples(trajectory, self.tokenizer)
+                rows += sequences_from_samples(samples, max_seq_len=config.max_seq_len).sequences
+            return rows
+
+        sequences = self._agreed(tokenized)
         metrics: Metrics = {"trajectories": len(trajectories), "sequences": len(sequences)}
         total = sum(s.num_trained for s in sequences)
         metrics["trained_tokens"] = total
@@ -391,18 +284,22 @@ class Trainer:
         self._seed_step()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        batches = pack_micro_batches([len(s) for s in sequences], 4096)
-        mine, rounds = self._share(batches, [len(s) for s in sequences])
-        for batch in mine:
-            seqs = [sequences[i] for i in batch]
+        losses = {"loss": 0.0}
+
+        def run(batch: list[int] | None) -> torch.Tensor:
+            seqs = [sequences[i] for i in batch] if batch is not None else [self._padding()]
             targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in seqs]
             logp = self._token_logprobs([s.input_ids for s in seqs], targets, [1.0] * len(seqs))
             loss = -logp.sum() / total
-            self._backward(loss)
-            loss_sum += float(loss.detach())
-        self._finish_backward(rounds - len(mine))
-        loss_sum = self._summed({"loss": loss_sum})["loss"]
+            if batch is None:
+                return loss * 0.0
+            losses["loss"] += float(loss.detach())
+            return loss
+
+        self._accumulate(
+            pack_micro_batches([len(s) for s in sequences], 4096), [len(s) for s in sequences], run
+        )
+        loss_sum = self._summed(losses)["loss"]
         grad_norm = self._clip(config.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = config.learning_rate, 0.0
@@ -420,57 +317,82 @@ class Trainer:
     # --- state -------------------------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> Path:
-        """Write the adapter (PEFT format vLLM loads), the optimizer state and the trainer state (step, rng)."""
+        """Write the adapter (PEFT format vLLM loads), the optimizer state and the trainer state (step, rng): the
+        same files whether the trainer is one process or sharded (gathered by every process; the leader writes)."""
+        if self.parallel is not None:
+            return shard_io.save_sharded(self, Path(directory))
         return adapter_io.save_trainer(self, Path(directory))
 
     def load(self, directory: str | Path) -> None:
-        """Resume from `save`: adapter weights, optimizer state, step and rng."""
+        """Resume from `save`: adapter weights, optimizer state, step and rng (a checkpoint folder's name is its
+        step)."""
+        if self.parallel is not None:
+            shard_io.load_sharded(self, Path(directory))
+            step = parse_step(Path(directory).name)
+            self.step = step if step is not None else self.step
+            return
         adapter_io.load_trainer(self, Path(directory))
 
-    # --- data parallelism (no-ops in one process) -----------------------------------------------------------
+    # --- data parallelism (plain loops in one process) -----------------------------------------------------
 
-    def _share(self, batches: list[list[int]], sizes: list[int]) -> tuple[list[list[int]], int]:
-        """This process's micro-batches, and how many every process runs."""
+    def _accumulate(
+        self, batches: list[list[int]], sizes: list[int], run: Callable[[list[int] | None], torch.Tensor]
+    ) -> int:
+        """Backpropagate `run(batch)` for this process's share of `batches`, then `run(None)` (a padding micro-batch:
+        the same forwards, backward and collectives as a real one, its loss times zero) until every process has
+        run as many; gradients are synced on the last micro-batch only. Returns how many each process ran."""
         if self.parallel is None:
-            return batches, len(batches)
+            for batch in batches:
+                run(batch).backward()
+            return len(batches)
         from .parallel import my_share
 
-        return my_share(batches, sizes, self.parallel)
+        mine, rounds = my_share(batches, sizes, self.parallel)
+        for index in range(rounds):
+            self.scorer.set_requires_gradient_sync(index == rounds - 1)  # type: ignore[operator]
+            run(mine[index] if index < len(mine) else None).backward()
+        return rounds
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate a micro-batch's share of the step's loss (scaled by the world size under FSDP2, whose mean
-        over processes then gives the sum the step's normalisation needs)."""
-        (loss * self.parallel.world if self.parallel is not None else loss).backward()
+    def _padding(self) -> TrainSequence:
+        """A two-token row training its last token with no advantage (a padding micro-batch's one row)."""
+        return TrainSequence(
+            input_ids=[self.pad_id, self.pad_id],
+            trained_mask=[0, 1],
+            sampled_logprobs=[0.0, 0.0],
+            roles=[(), ()],
+            sampled=[True, True],
+            captured=[True, True],
+            versions=[None, None],
+        )
 
-    def _finish_backward(self, padding: int) -> None:
-        """Run `padding` empty micro-batches (FSDP2's collectives need every process at every layer), then sum
-        the gradients of the parameters FSDP2 does not manage."""
+    def _agreed(self, work: Callable[[], T]) -> T:
+        """`work()` on every process, which then agree: if it raised on any, every process raises the same
+        AgreedError (the group stays in step; see parallel.agree)."""
         if self.parallel is None:
-            return
-        from .parallel import sum_whole_gradients
+            return work()
+        from .parallel import agree
 
-        for _ in range(padding):
-            empty = self._token_logprobs([[self.pad_id, self.pad_id]], [[1]], [1.0])
-            (empty.sum() * 0.0).backward()
-        sum_whole_gradients(self.params, self.parallel.world)
+        try:
+            result = work()
+        except Exception as error:
+            agree(self.parallel, error)
+            raise
+        agree(self.parallel, None)
+        return result
 
     def _summed(self, sums: dict[str, float]) -> dict[str, float]:
         """The step's metric sums over every process."""
         if self.parallel is None:
             return sums
-        import torch.distributed as dist
+        from .parallel import summed
 
-        keys = sorted(sums)
-        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        return dict(zip(keys, values.tolist(), strict=True))
+        return summed(sums)
 
     def _clip(self, max_norm: float) -> torch.Tensor:
-        if self.parallel is None:
-            return torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        from .parallel import clip_grad_norm
-
-        return clip_grad_norm(self.params, max_norm)
+        """torch's clipping in both cases: on DTensor gradients it computes the norm over every process's shards
+        (each element once, replicas of HSDP counted once)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _seed_step(self) -> None:
         torch.manual_seed(self.seed * 1_000_003 + self.step)
@@ -483,75 +405,7 @@ class Trainer:
         return metrics
 
 
-def sft_batches(trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
-    """The SFT run as batches: `epochs` seeded shuffles, `batch_size` trajectories each."""
-    rng = random.Random(config.seed)
-    for _ in range(config.epochs):
-        order = list(range(len(trajectories)))
-        rng.shuffle(order)
-        for i in range(0, len(order), int(config.batch_size)):
-            yield [trajectories[j] for j in order[i : i + int(config.batch_size)]]
-
-
-def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
-    """Why a step has nothing to train, in words a user can act on."""
-    parts = []
-    if metrics["skipped_groups"]:
-        parts.append(
-            f"{metrics['skipped_groups']} group(s) have equal rewards for all their trajectories (no advantage)"
-        )
-    if metrics["groups_without_samples"]:
-        plain = any(
-            isinstance(item, dict) and item.get("role") == "assistant"
-            for g in groups
-            for t in g.trajectories
-            for item in t.messages_and_choices
-        )
-        hint = (
-            "their assistant turns are plain message dicts, which carry no sampled tokens: append the Choice "
-            "(`completion.choices[0]`) from `model.openai_client()`, or run the agent inside `wrap_rollout` / "
-            "`art.trajectory(...)` so its calls are captured"
-            if plain
-            else "capture the calls through `model.openai_client()`, `wrap_rollout` or `art.trajectory(...)`"
-        )
-        parts.append(f"{metrics['groups_without_samples']} group(s) have no sampled token ids: {hint}")
-    if not groups or not metrics["trajectories"]:
-        parts.append("no trajectories were given")
-    return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
-
-
-class _Unmatched:
-    """Names in `train_on` and keys of `rewards_by_role` that match no call (a typo trains nothing, silently)."""
-
-    def __init__(self, train_on: dict[str, list[str]] | None) -> None:
-        self.train_on = {key: set(names) for key, names in (train_on or {}).items()}
-        self.role_keys: set[str] = set()
-        self.matched_roles: set[str] = set()
-
-    def saw(self, trajectory: Trajectory, sources: list[CallSource]) -> None:
-        for key, names in self.train_on.items():
-            by = TRAIN_ON_KEYS[key]
-            names -= {name for name in names if any(s.matches(by, {name}) for s in sources)}
-        for role in trajectory.rewards_by_role:
-            self.role_keys.add(role)
-            if any(s.matches("role", {role}) for s in sources):
-                self.matched_roles.add(role)
-
-    def warn(self) -> None:
-        parts = [f"train_on[{key!r}] {sorted(names)}" for key, names in self.train_on.items() if names]
-        roles = sorted(self.role_keys - self.matched_roles)
-        if roles:
-            parts.append(f"rewards_by_role keys {roles}")
-        if parts:
-            log.warning(
-                "%s match no captured call in this step (a call matches by its role, agent, node name or node "
-                "path; see CallSource.role_names)",
-                " and ".join(parts),
-            )
-
-
-def _std(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+def _check_ids(token_ids: list[int], vocab_size: int) -> None:
+    bad = [t for t in token_ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary (0..{vocab_size - 1})")

@@ -1,51 +1,35 @@
-"""A sharded trainer's processes, started by torchrun (`python -m torch.distributed.run ... -m
-art_adapters.training.worker`): the leader takes each command from the backend over a Unix socket, every process
-runs it on its share, and the leader answers. Commands and answers are JSON; nothing is pickled."""
+"""One process of a sharded trainer (started by `launcher.py`): join the group, prove the token and compare start-up
+facts (`rendezvous.py`), load this process's shards, then run commands. The leader (rank 0) takes each command
+from the backend over a Unix socket, every process runs it on its share, and the leader answers; while a command
+runs the leader sends a heartbeat every few seconds, so the backend tells a slow step from a frozen leader.
+
+An error every process raises alike (`AgreedError`: a refused batch, a checkpoint that cannot be read) is answered
+and the group goes on; any other exception leaves the group out of step, so the process logs it and exits at once,
+and the launcher takes the others down. JSON only; nothing is pickled."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import select
 import socket
-import struct
-from typing import Any
-
-import torch.distributed as dist
+import sys
+import threading
+import time
+import traceback
+from contextlib import nullcontext
+from typing import Any, NoReturn
 
 from ..config import LoRAConfig, SFTConfig, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
-from .parallel import Parallel, broadcast_bytes, init_from_env
+from .parallel import AgreedError, Parallel, all_gather_bytes, broadcast_bytes, join
+from .rendezvous import TOKEN_ENV, check_group, facts
 from .trainer import Trainer
+from .wire import receive, send
 
-_HEADER = struct.Struct("!Q")
-
-
-def send(conn: socket.socket, message: dict[str, Any]) -> None:
-    data = json.dumps(message, default=_jsonable).encode()
-    conn.sendall(_HEADER.pack(len(data)) + data)
-
-
-def receive(conn: socket.socket) -> dict[str, Any]:
-    size = _HEADER.unpack(_exactly(conn, _HEADER.size))[0]
-    return json.loads(_exactly(conn, size))
-
-
-def _exactly(conn: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = conn.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionError("the backend closed the trainer's socket")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
+HEARTBEAT_S = 2.0
+IDLE_PING_S = 300.0  # the leader wakes the control group this often while the backend sends nothing
 
 
 def run(trainer: Trainer, command: dict[str, Any]) -> dict[str, Any]:
@@ -69,56 +53,152 @@ def run(trainer: Trainer, command: dict[str, Any]) -> dict[str, Any]:
         trainer.load(command["directory"])
         return {}
     if op == "logprobs_of":
-        return {
-            "logprobs": trainer.logprobs_of(
-                command["token_ids"], command["temperature"], start=command["start"]
-            )
-        }
+        logprobs = trainer.logprobs_of(command["token_ids"], command["temperature"], start=command["start"])
+        return {"logprobs": logprobs}
     if op == "set_step":
         trainer.step = int(command["step"])
         return {}
+    if op == "memory":
+        return {"ranks": _memory(trainer, bool(command.get("probe", True)))}
     if op == "close":
         return {}
     raise ValueError(f"unknown trainer command {op!r}")
 
 
+def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
+    """Every process's memory: peak RSS, and (with the probe on) the most its frozen weights held during the
+    commands since the last call; `probe` turns the probe on for the next commands."""
+    import resource
+
+    from .fsdp import WeightProbe, frozen_weight_bytes
+
+    current = getattr(trainer, "_weight_probe", None)
+    mine = {
+        "rank": trainer.parallel.rank if trainer.parallel else 0,
+        "peak_rss_bytes": _peak_rss_bytes(resource),
+        "resident_weight_bytes_peak": current.peak if current is not None else None,
+        "frozen_weight_bytes": frozen_weight_bytes(trainer.model),
+    }
+    if trainer.device.type == "cuda":
+        import torch
+
+        mine["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(trainer.device)
+    if current is not None:
+        current.remove()
+        trainer._weight_probe = None  # type: ignore[attr-defined]
+    if probe:
+        trainer._weight_probe = WeightProbe(trainer.scorer, trainer.model)  # type: ignore[attr-defined]
+    if trainer.parallel is None:
+        return [mine]
+    gathered = all_gather_bytes(json.dumps(mine).encode(), trainer.parallel)
+    return [json.loads(raw) for raw in gathered]
+
+
+def _peak_rss_bytes(resource: Any) -> int:
+    """This process's peak RSS since it started (Linux: VmHWM; ru_maxrss would also count the RSS of the process
+    that forked it, which Linux carries across exec)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class Heartbeat:
+    """While a command runs, the leader tells the backend it is alive every HEARTBEAT_S; `answer` ends it."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name="art-trainer-heartbeat")
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(HEARTBEAT_S + 1)
+
+    def _beat(self) -> None:
+        while not self.done.wait(HEARTBEAT_S):
+            with self.lock:
+                if self.done.is_set():
+                    return
+                try:
+                    send(self.conn, {"heartbeat": time.time()})
+                except OSError:
+                    return
+
+
 def serve(trainer: Trainer, parallel: Parallel, conn: socket.socket | None) -> None:
-    control = dist.new_group(backend="gloo")  # commands travel as CPU tensors, whatever the training backend
+    """Run commands until `close` (or until the backend's socket closes)."""
     while True:
-        payload = json.dumps(receive(conn)).encode() if conn is not None else None
-        command = json.loads(broadcast_bytes(payload, parallel, control))
-        try:
-            answer = run(trainer, command)
-        except Exception as error:  # deterministic errors (a bad batch) happen on every process alike
-            answer = {"error": type(error).__name__, "message": str(error)}
-        answer["step"] = trainer.step
-        if conn is not None:
-            send(conn, answer)
+        payload = json.dumps(_next_command(conn)).encode() if conn is not None else None
+        command = json.loads(broadcast_bytes(payload, parallel))
+        if command["op"] == "ping":
+            continue
+        beat = Heartbeat(conn) if conn is not None else nullcontext()
+        with beat:
+            try:
+                answer = run(trainer, command)
+            except AgreedError as error:
+                answer = {"error": error.kind, "message": error.message}
+            except BaseException:  # the group is out of step: end this process, the launcher ends the rest
+                abort(f"rank {parallel.rank} failed in {command['op']!r}")
+            answer["step"] = trainer.step
+            if conn is not None:
+                beat.done.set()  # type: ignore[union-attr]
+                with beat.lock:  # type: ignore[union-attr]
+                    send(conn, answer)
         if command["op"] == "close":
             return
 
 
+def _next_command(conn: socket.socket) -> dict[str, Any]:
+    """The backend's next command; a ping when it sent none for IDLE_PING_S, close when it went away."""
+    readable, _, _ = select.select([conn], [], [], IDLE_PING_S)
+    if not readable:
+        return {"op": "ping"}
+    try:
+        return receive(conn)
+    except (OSError, ConnectionError):
+        return {"op": "close"}
+
+
+def abort(why: str) -> NoReturn:
+    print(f"{why}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--socket", default=None, help="the backend's Unix socket (node 0's leader connects)")
+    parser.add_argument("--socket", default=None, help="the backend's Unix socket (node 0's rank 0 connects)")
+    parser.add_argument("--store", required=True, help="file:PATH (one host) or tcp:HOST:PORT")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--processes", type=int, default=1, help="processes per host")
     parser.add_argument("--base-model", required=True)
     parser.add_argument("--lora", default="{}", help="LoRAConfig as JSON")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--engine", choices=["auto", "unsloth", "peft"], default="auto")
+    parser.add_argument("--engine", default="peft")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--activation-checkpointing", type=int, default=1)
+    parser.add_argument("--collective-timeout", type=float, default=60.0)
+    parser.add_argument("--hsdp", type=int, default=0)
     args = parser.parse_args(argv)
 
-    parallel = init_from_env(args.device)
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if args.device == "cuda" else "cpu"
-    trainer = Trainer(
-        args.base_model,
-        LoRAConfig.model_validate(json.loads(args.lora)),
-        engine=args.engine,
-        device=device,
-        seed=args.seed,
-        max_seq_len=args.max_seq_len,
-        parallel=parallel,
+    parallel = join(
+        args.store,
+        args.device,
+        nodes=args.nodes,
+        hsdp=bool(args.hsdp),
+        collective_timeout_s=args.collective_timeout,
     )
     conn = None
     if parallel.leader:
@@ -128,13 +208,42 @@ def main(argv: list[str] | None = None) -> None:
             )
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(args.socket)
-        send(conn, {"ready": True, "engine": trainer.engine, "load_seconds": trainer.load_seconds, "step": 0})
     try:
-        serve(trainer, parallel, conn)
-    finally:
+        started = time.perf_counter()
+        mine = facts(
+            args.base_model,
+            args.lora,
+            engine=args.engine,
+            device=args.device,
+            max_seq_len=args.max_seq_len,
+            processes_per_node=args.processes,
+            hsdp=bool(args.hsdp),
+        )
+        check_group(parallel, os.environ.get(TOKEN_ENV, ""), mine)
+        device = f"cuda:{parallel.local_rank}" if args.device == "cuda" else "cpu"
+        trainer = Trainer(
+            args.base_model,
+            LoRAConfig.model_validate_json(args.lora),
+            engine="peft",
+            device=device,
+            seed=args.seed,
+            max_seq_len=args.max_seq_len,
+            gradient_checkpointing=bool(args.activation_checkpointing),
+            parallel=parallel,
+        )
+        seconds = time.perf_counter() - started
+    except Exception as error:  # refused (token, mismatch) or failed to load: the backend hears why
         if conn is not None:
-            conn.close()
-        dist.destroy_process_group()
+            send(conn, {"error": type(error).__name__, "message": str(error)})
+        abort(f"rank {parallel.rank} could not start")
+    if conn is not None:
+        send(conn, {"ready": True, "engine": trainer.engine, "load_seconds": seconds, "step": 0})
+    serve(trainer, parallel, conn)
+    if conn is not None:
+        conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the others are done too: nothing left to wait for in the process group's teardown
 
 
 if __name__ == "__main__":

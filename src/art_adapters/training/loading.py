@@ -1,0 +1,69 @@
+"""Loading the one-process trainer's model: Unsloth's FastLanguageModel, or transformers + PEFT (the sharded
+trainer builds its model in `fsdp.py`), and the LoRA settings as PEFT's config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import LoRAConfig
+
+
+def peft_config(lora: LoRAConfig) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=list(lora.modules_to_save) or None,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_tokenizer(base_model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(base_model)
+
+
+def load_peft(
+    base_model: str, lora: LoRAConfig, dtype: torch.dtype, device: torch.device, gradient_checkpointing: bool
+) -> tuple[Any, Any]:
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(device)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return get_peft_model(model, peft_config(lora)), load_tokenizer(base_model)
+
+
+def load_unsloth(
+    base_model: str,
+    lora: LoRAConfig,
+    dtype: torch.dtype,
+    max_seq_len: int,
+    gradient_checkpointing: bool,
+    seed: int,
+) -> tuple[Any, Any]:
+    from unsloth import FastLanguageModel
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=base_model, max_seq_length=max_seq_len, dtype=dtype, load_in_4bit=False
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=list(lora.modules_to_save) or None,
+        bias="none",
+        use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
+        random_state=seed,
+    )
+    return model, getattr(tokenizer, "tokenizer", tokenizer)

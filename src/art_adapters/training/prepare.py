@@ -1,0 +1,191 @@
+"""A GRPO step's input made ready: group advantages attached, trajectories tokenized, the step's certificate
+metrics counted, and the reasons a step trains nothing put in words (`skip_reason`); SFT's batches."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from ..config import SFTConfig, TrainConfig
+from ..sources import CallSource
+from ..trajectories import Trajectory, TrajectoryGroup
+from .loss import group_advantages, role_advantages
+from .tokenize import TRAIN_ON_KEYS, TokenizationError, TrainSequence, tokenize_trajectory
+
+log = logging.getLogger(
+    "art_adapters.training.trainer"
+)  # where users (and tests) look for the step's warnings
+Metrics = dict[str, Any]
+
+
+def prepare_groups(
+    tokenizer: Any, vocab_size: int, groups: list[TrajectoryGroup], config: TrainConfig
+) -> tuple[list[TrainSequence], Metrics]:
+    """Attach each trajectory's group advantage, computed over the whole group (a trajectory that trains no
+    token, say one that never reached a `train_on` node, still counts in its group's baseline), then tokenize
+    every trajectory (groups never mix)."""
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    metrics: Metrics = {
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "reward_std": _std(rewards),
+        "groups": len(groups),
+        "trajectories": len(rewards),
+        "skipped_groups": 0,
+        "groups_without_samples": 0,
+        "skipped_trajectories": 0,
+        "trained_tokens": 0,
+        "truncated_tokens": 0,
+        "ratio_excluded_tokens": 0,
+        "ratio_missing_tokens": 0,
+        "left_out_tokens": 0,
+    }
+    excluded_reasons: set[str] = set()
+    sequences: list[TrainSequence] = []
+    fractions: list[float] = []
+    captured: list[float] = []
+    unmatched = _Unmatched(config.train_on)
+    for g, group in enumerate(groups):
+        trajectories = group.trajectories
+        advantages = group_advantages(
+            [t.reward for t in trajectories], scale_rewards=config.scale_rewards, group_index=g
+        )
+        by_role = role_advantages(trajectories, config.scale_rewards, g)
+        tokenized: list[tuple[int, list[TrainSequence]]] = []
+        for i, trajectory in enumerate(trajectories):
+            out = tokenize_trajectory(
+                trajectory,
+                tokenizer,
+                max_seq_len=config.max_seq_len,
+                vocab_size=vocab_size,
+                group_index=g,
+                trajectory_index=i,
+                train_unkept_choices=config.train_unkept_choices,
+                train_on=dict(config.train_on) if config.train_on else None,
+                train_retokenized_text=config.train_retokenized_text,
+            )
+            unmatched.saw(trajectory, out.sources)
+            metrics["truncated_tokens"] += out.truncated_tokens
+            metrics["ratio_excluded_tokens"] += out.excluded_tokens
+            metrics["ratio_missing_tokens"] += out.missing_tokens
+            metrics["left_out_tokens"] += out.left_out_tokens
+            excluded_reasons |= out.excluded_reasons
+            if out.skipped:
+                metrics["skipped_trajectories"] += 1
+            else:
+                trajectory.metrics["sampled_token_fraction"] = out.sampled_token_fraction
+                trajectory.metrics["captured_token_fraction"] = out.captured_token_fraction
+                fractions.append(out.sampled_token_fraction)
+                captured.append(out.captured_token_fraction)
+                tokenized.append((i, out.sequences))
+        if not tokenized:
+            metrics["groups_without_samples"] += 1
+            continue
+        if advantages is None and not any(any(values) for values in by_role.values()):
+            metrics["skipped_groups"] += 1
+            continue
+        for i, seqs in tokenized:
+            for sequence in seqs:
+                sequence.advantage = advantages[i] if advantages is not None else 0.0
+                sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
+                sequences.append(sequence)
+    metrics["sampled_token_fraction"] = min(fractions, default=1.0)
+    metrics["captured_token_fraction"] = min(captured, default=1.0)
+    if metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
+        raise TokenizationError(
+            f"sampled_token_fraction is {metrics['sampled_token_fraction']:.4f}: some trained tokens were not "
+            "sampled by the engine; refusing to train on them (TrainConfig(train_retokenized_text=True) "
+            "allows re-tokenized text)"
+        )
+    metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
+    if metrics["ratio_excluded_tokens"]:
+        log.warning(
+            "%d sampled tokens came from distributions the trainer does not reproduce (%s): trained without an "
+            "importance ratio (on-policy weight 1), see training/loss.py",
+            metrics["ratio_excluded_tokens"],
+            "; ".join(sorted(excluded_reasons)),
+        )
+    if metrics["ratio_missing_tokens"]:
+        log.warning(
+            "%d trained tokens have no sampled logprob (the engine returned none for them, e.g. Responses API "
+            "tool calls): trained without an importance ratio (on-policy weight 1)",
+            metrics["ratio_missing_tokens"],
+        )
+    unmatched.warn()
+    return sequences, metrics
+
+
+def sft_batches(trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
+    """The SFT run as batches: `epochs` seeded shuffles, `batch_size` trajectories each."""
+    rng = random.Random(config.seed)
+    for _ in range(config.epochs):
+        order = list(range(len(trajectories)))
+        rng.shuffle(order)
+        for i in range(0, len(order), int(config.batch_size)):
+            yield [trajectories[j] for j in order[i : i + int(config.batch_size)]]
+
+
+def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
+    """Why a step has nothing to train, in words a user can act on."""
+    parts = []
+    if metrics["skipped_groups"]:
+        parts.append(
+            f"{metrics['skipped_groups']} group(s) have equal rewards for all their trajectories (no advantage)"
+        )
+    if metrics["groups_without_samples"]:
+        plain = any(
+            isinstance(item, dict) and item.get("role") == "assistant"
+            for g in groups
+            for t in g.trajectories
+            for item in t.messages_and_choices
+        )
+        hint = (
+            "their assistant turns are plain message dicts, which carry no sampled tokens: append the Choice "
+            "(`completion.choices[0]`) from `model.openai_client()`, or run the agent inside `wrap_rollout` / "
+            "`art.trajectory(...)` so its calls are captured"
+            if plain
+            else "capture the calls through `model.openai_client()`, `wrap_rollout` or `art.trajectory(...)`"
+        )
+        parts.append(f"{metrics['groups_without_samples']} group(s) have no sampled token ids: {hint}")
+    if not groups or not metrics["trajectories"]:
+        parts.append("no trajectories were given")
+    return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
+
+
+class _Unmatched:
+    """Names in `train_on` and keys of `rewards_by_role` that match no call (a typo trains nothing, silently)."""
+
+    def __init__(self, train_on: dict[str, list[str]] | None) -> None:
+        self.train_on = {key: set(names) for key, names in (train_on or {}).items()}
+        self.role_keys: set[str] = set()
+        self.matched_roles: set[str] = set()
+
+    def saw(self, trajectory: Trajectory, sources: list[CallSource]) -> None:
+        for key, names in self.train_on.items():
+            by = TRAIN_ON_KEYS[key]
+            names -= {name for name in names if any(s.matches(by, {name}) for s in sources)}
+        for role in trajectory.rewards_by_role:
+            self.role_keys.add(role)
+            if any(s.matches("role", {role}) for s in sources):
+                self.matched_roles.add(role)
+
+    def warn(self) -> None:
+        parts = [f"train_on[{key!r}] {sorted(names)}" for key, names in self.train_on.items() if names]
+        roles = sorted(self.role_keys - self.matched_roles)
+        if roles:
+            parts.append(f"rewards_by_role keys {roles}")
+        if parts:
+            log.warning(
+                "%s match no captured call in this step (a call matches by its role, agent, node name or node "
+                "path; see CallSource.role_names)",
+                " and ".join(parts),
+            )
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
