@@ -93,7 +93,8 @@ async def test_an_old_version_asked_for_by_name_is_loaded_once_and_kept_while_us
 ) -> None:
     for step in range(3):
         await gateway.publish("p/a", "a", step, tmp_path / f"a{step}")
-    assert set(engine.loras) == {"p/a@0", "p/a@1", "p/a@2"}  # within the engine's room (4), kept for their grace
+    # within the engine's room (4), kept for their grace
+    assert set(engine.loras) == {"p/a@0", "p/a@1", "p/a@2"}
     gateway.keep_old_s = 0.3
     await asyncio.sleep(1.2)  # the watchdog's sweep retires them
     assert set(engine.loras) == {"p/a@2"}
@@ -117,7 +118,9 @@ async def test_names_with_non_ascii_digits_are_not_served(gateway: Gateway, tmp_
         assert response.status_code == 404 and "no such step" in response.text, name
 
 
-async def test_every_request_ends_its_in_flight_count(gateway: Gateway, engine: SlowEngine, tmp_path: Path) -> None:
+async def test_every_request_ends_its_in_flight_count(
+    gateway: Gateway, engine: SlowEngine, tmp_path: Path
+) -> None:
     await gateway.publish("p/a", "a", 0, tmp_path / "a0")
     await gateway.publish("p/a", "a", 1, tmp_path / "a1")
     async with httpx.AsyncClient(timeout=30) as client:

@@ -69,7 +69,7 @@ class Trajectory(BaseModel):
     reward: float = 0.0
     rewards_by_role: dict[str, float] = Field(default_factory=dict)
     initial_policy_version: int | None = Field(
-        None, description="The oldest policy version that sampled it (the async pipeline stamps it when unset)."
+        None, description="The oldest policy version that sampled it (the async pipeline stamps it if unset)."
     )
     final_policy_version: int | None = Field(None, description="The newest policy version that sampled it.")
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
