@@ -12,7 +12,7 @@ TORCH_INDEX = $(shell $(PYTHON) -m pip install --dry-run --quiet --no-deps --no-
 # matmul 30x slower under load with the default policy).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv demo test test-fast matrix bench lint clean
+.PHONY: venv demo test test-fast matrix bench lint docs clean
 
 venv: $(STAMP)
 
@@ -31,7 +31,7 @@ test: venv
 	$(BIN)/python -m pytest -q -rs --ignore=tests/test_matrix.py $(PYTEST_ARGS)
 
 # The framework matrix: third-party agent frameworks on vLLM, each in its environment (.venv-matrix/, made on
-# first use); `python tests/matrix/table.py` then writes README's table from build/matrix.json.
+# first use); `python tests/matrix/table.py` then writes the docs' table from build/matrix.json.
 matrix: venv
 	$(BIN)/python -m pytest -q -rs tests/test_matrix.py $(PYTEST_ARGS)
 
@@ -47,9 +47,19 @@ bench: venv
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/production_import.py
 
+# The documentation site, built strictly (a broken link or reference fails) into site/; its Python blocks run as
+# tests in `make test` (tests/test_docs.py). The docs extra is installed on first use.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -c constraints-cpu.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 lint: venv
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 
 clean:
-	rm -rf $(VENV) .venv-matrix .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-matrix .pytest_cache .ruff_cache site

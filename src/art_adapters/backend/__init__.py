@@ -1,0 +1,1 @@
+"""Backends: the Backend protocol, LocalBackend (vLLM + trainer here), RemoteBackend and the `serve` HTTP server."""
