@@ -12,7 +12,7 @@ UV_PIP := $(UV) pip install --quiet --python $(BIN)/python -c constraints-cpu.tx
 # torch==2.13.0+cpu is not on PyPI: where pip already finds it offline (a local wheel folder) it is copied into
 # .venv/wheels for uv; any other machine gets it from PyTorch's CPU wheel index. Evaluated when the venv is built.
 TORCH_PIN := torch==2.13.0+cpu
-TORCH_SOURCE = $(shell $(BIN)/pip download --quiet --no-deps --no-index -d $(VENV)/wheels "$(TORCH_PIN)" >/dev/null 2>&1 && echo "--find-links $(VENV)/wheels" || echo "--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match")
+TORCH_SOURCE = $$($(BIN)/pip download --quiet --quiet --no-deps --no-index -d $(VENV)/wheels "$(TORCH_PIN)" >/dev/null 2>&1 && echo "--find-links $(VENV)/wheels" || echo "--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match")
 # Trainer and vLLM share 2 cores: spinning OpenMP workers would steal them from each other (measured: a small
 # matmul 30x slower under load with the default policy).
 export OMP_WAIT_POLICY ?= PASSIVE
