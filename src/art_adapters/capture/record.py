@@ -104,6 +104,9 @@ class Exchange:
                 body, message = self._parse(message, early, bool(request.get("stream")))
             if body is not None:
                 fields = _FIELDS.get(self.kind, body_fields)(body, bool(request.get("stream")))
+        source = self.source
+        if source.framework == "openai_agents":  # the agents that held the run before: from earlier calls
+            source = with_handoffs(source, [c.source for c in self.trajectory.llm_calls])
         call = LLMCall(
             request=request,
             url=str(self.url),
@@ -113,7 +116,7 @@ class Exchange:
             latency_s=latency,
             logprobs_mode=self.logprobs_mode,
             error=message,
-            source=with_handoffs(self.source, [c.source for c in self.trajectory.llm_calls]),
+            source=source,
             **served_version(self.headers),
             **fields,
         )
