@@ -12,15 +12,20 @@ UV_PIP := $(UV) pip install --quiet --python $(BIN)/python -c constraints-cpu.tx
 # torch==2.13.0+cpu is not on PyPI: where pip already finds it offline (a local wheel folder) it is copied into
 # .venv/wheels for uv; any other machine gets it from PyTorch's CPU wheel index. Evaluated when the venv is built.
 TORCH_PIN := torch==2.13.0+cpu
-TORCH_SOURCE = $$($(BIN)/pip download --quiet --quiet --no-deps --no-index -d $(VENV)/wheels "$(TORCH_PIN)" >/dev/null 2>&1 && echo "--find-links $(VENV)/wheels" || echo "--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match")
+PROBE_PIP ?= $(BIN)/pip
+TORCH_SOURCE = $$($(PROBE_PIP) download --quiet --quiet --no-deps --no-index -d $(VENV)/wheels "$(TORCH_PIN)" >/dev/null 2>&1 && echo "--find-links $(VENV)/wheels" || echo "--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match")
 # Trainer and vLLM share 2 cores: spinning OpenMP workers would steal them from each other (measured: a small
 # matmul 30x slower under load with the default policy).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv venv-dev demo test test-fast matrix bench lint docs clean
+.PHONY: venv venv-dev torch-source demo test test-fast matrix bench lint docs clean
 
 venv: $(STAMP)
 venv-dev: $(DEV_STAMP)
+
+# Where `make venv` takes the CPU torch from on this machine (asks no network; tests/test_install.py).
+torch-source:
+	@echo "$(TORCH_SOURCE)"
 
 # What `make demo` needs: the package with its CPU backend (vLLM, PEFT, Unsloth).
 $(STAMP): pyproject.toml constraints-cpu.txt
@@ -31,6 +36,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	  echo "installed in $$(( $$(date +%s) - start )) s"
 	@# PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch and nothing here needs them.
 	@$(UV) pip uninstall --quiet --python $(BIN)/python torchvision torchaudio torchcodec 2>/dev/null || true
+	@rm -rf $(VENV)/wheels
 	@touch $(STAMP)
 
 # The tests' and benchmarks' extras on top (the agent frameworks, Langfuse, W&B, Ray, moto, ...).
@@ -38,6 +44,7 @@ $(DEV_STAMP): $(STAMP)
 	@echo "installing the development extras into $(VENV) ..."
 	@$(UV_PIP) $(TORCH_SOURCE) -e ".[cpu,dev]"
 	@$(UV) pip uninstall --quiet --python $(BIN)/python torchvision torchaudio torchcodec 2>/dev/null || true
+	@rm -rf $(VENV)/wheels
 	@touch $(DEV_STAMP)
 
 demo: venv
