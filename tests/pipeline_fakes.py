@@ -44,7 +44,8 @@ class TimedBackend(ARTTraining):
             await asyncio.sleep(self.step_s)
         finally:
             self.training = False
-        self.batches.append(groups)  # a step cancelled before here trained nothing (as a backend that drops it)
+        # a step cancelled before here trained nothing (as a backend that drops it)
+        self.batches.append(groups)
         self.configs.append(config)
         self.step += 1
         yield {"event": "done", "step": self.step, "metrics": {"loss": 0.1}}

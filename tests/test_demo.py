@@ -33,3 +33,8 @@ def test_demo_learns_and_ends_with_the_result_line(tmp_path: Path) -> None:
     splits = Counter(json.loads(line)["split"] for line in history.read_text().splitlines())
     assert splits == {"sft": 1, "train": STEPS, "val": 2}  # the warm start, the steps, 2 evaluations
     assert float(match["end"]) >= float(match["start"]) + 0.15, lines[-1]  # the short run still learns
+    # where the time went, by phase, just before the result
+    assert lines[-2].startswith("time: tiny model") and "GRPO steps" in lines[-2], lines[-2]
+    # only our own lines: no library's import notes (torchao's extensions, torch's pytree deprecation), and no
+    # progress bar redrawn into a log (stderr is not a terminal here)
+    assert done.stderr.strip() == "", done.stderr[-3000:]

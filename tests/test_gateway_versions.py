@@ -105,11 +105,8 @@ async def test_an_old_version_asked_for_by_name_is_loaded_once_and_kept_while_us
 ) -> None:
     for step in range(3):
         await gateway.publish("p/a", "a", step, tmp_path / f"a{step}")
-    assert set(engine.loras) == {
-        "p/a@0",
-        "p/a@1",
-        "p/a@2",
-    }  # within the engine's room (4), kept for their grace
+    # within the engine's room (4), kept for their grace
+    assert set(engine.loras) == {"p/a@0", "p/a@1", "p/a@2"}
     gateway.keep_old_s = 0.3
     for _ in range(100):  # the watchdog's sweep (every 0.5 s) retires them
         if set(engine.loras) == {"p/a@2"}:

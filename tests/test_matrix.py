@@ -5,7 +5,7 @@ sees), each in its own environment where its pins conflict with ours (`matrix/en
 Per framework: every request the framework made is one captured call of the right rollout; each call's prompt and
 completion ids and logprobs equal what vLLM returned (parsed by the proxy, apart from the capture); the sources and
 the chaining are as declared; one GRPO step trains exactly the sampled tokens. Each row lands in
-`build/matrix.json`; `python tests/matrix/table.py` writes README's table from it.
+`build/matrix.json`; `python tests/matrix/table.py` writes the docs' table (docs/frameworks/index.md) from it.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ def test_serve_passes_replicas_and_inference_gpus(monkeypatch: pytest.MonkeyPatc
             made.append(kwargs)
 
     monkeypatch.setattr(local, "LocalBackend", Recorder)
+
     class NoServer:
         def __init__(self, config: Any) -> None:
             pass

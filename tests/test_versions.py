@@ -93,7 +93,8 @@ async def test_rollouts_in_flight_across_three_swaps_never_fail_and_know_their_v
         kept, gateway.keep_old_s = gateway.keep_old_s, 0.2
         try:
             await asyncio.sleep(1.5)  # the gateway's sweep runs every 0.5 s
-            assert [n for n in vllm_server.loras if n.startswith("versions/swapper@")] == ["versions/swapper@3"]
+            swapper_versions = [n for n in vllm_server.loras if n.startswith("versions/swapper@")]
+            assert swapper_versions == ["versions/swapper@3"]
         finally:
             gateway.keep_old_s = kept
         # each call's logprobs are its own version's, and not another's

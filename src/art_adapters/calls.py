@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ def policy_token_spans(version: int | None, served: str | None, tokens: int) -> 
     ]
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every request and every view of a call, of a few URLs
 def endpoint_kind(path: str) -> EndpointKind | None:
     """The API a POST to `path` speaks: OpenAI's chat completions, completions or Responses, Anthropic's Messages
     (vLLM serves all four), or None for any other path."""

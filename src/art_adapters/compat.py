@@ -175,7 +175,7 @@ def train_config(
             if value != _ART_DEFAULTS[key]:
                 raise UnsupportedARTSetting(
                     f"{where}: ART's {key}={value!r} is not supported by art-adapters (only its default "
-                    f"{_ART_DEFAULTS[key]!r}); see README 'Porting from ART'"
+                    f"{_ART_DEFAULTS[key]!r}); see docs/porting.md"
                 )
             continue
         if key == "learning_rate":

@@ -73,11 +73,11 @@ class Conversation:
 
     __slots__ = ("calls", "picked", "keys", "tools")
 
-    def __init__(self, call: LLMCall, keys: list[Key]) -> None:
+    def __init__(self, call: LLMCall, keys: list[Key], tools: str = "") -> None:
         self.calls = [call]
         self.picked = [0]
         self.keys = keys
-        self.tools = tools_key(call)
+        self.tools = tools  # tools_key(call); a conversation no other call is matched against needs none
 
     def match(self, keys: list[Key], tools: str) -> tuple[int, int] | None:
         """(matched length, choice index) if `keys` extend this conversation's last messages + one of its answers."""
@@ -149,7 +149,7 @@ def split_conversations(calls: list[LLMCall]) -> list[Conversation]:
             if found is not None and (best is None or found[0] >= best[0]):
                 best = (found[0], found[1], conversation)
         if best is None:
-            conversations.append(Conversation(call, keys))
+            conversations.append(Conversation(call, keys, tools))
         else:
             best[2].add(call, keys, best[1])
     return conversations

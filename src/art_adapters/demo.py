@@ -17,6 +17,7 @@ from .capture import capture
 from .config import LoRAConfig, SFTConfig, TrainConfig
 from .gather import gather_trajectory_groups
 from .model import TrainableModel
+from .progress import live_display, progress_bar
 from .trajectories import Trajectory, TrajectoryGroup
 
 # --- the task: a support agent with 4 tools; every request is about an order, which one tool can answer --------
@@ -183,11 +184,50 @@ async def train_demo_async(
     )
 
 
+# --- showing where the time goes --------------------------------------------------------------------------------
+async def with_clock(description: str, work: Any) -> Any:
+    """Await `work` while a live line counts the seconds (in a terminal; nothing in a log)."""
+    from tqdm.auto import tqdm
+
+    clock = tqdm(desc=description, bar_format="{desc} {elapsed}", disable=not live_display(), leave=False)
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            clock.refresh()
+
+    ticking = asyncio.ensure_future(tick())
+    try:
+        return await work
+    finally:
+        ticking.cancel()
+        clock.close()
+
+
+async def warm_start(
+    backend: Any, model: TrainableModel, examples: list[Trajectory], config: SFTConfig
+) -> Any:
+    """`model.train_sft`, with a bar over its batches."""
+    result: dict[str, Any] = {}
+    bar = None
+    async for event in backend.train_sft_events(model, examples, config):
+        if event["event"] == "started":
+            bar = progress_bar(int(event["batches"]), "warm start", "batch")
+        elif event["event"] == "batch" and bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{event['loss']:.3f}", refresh=False)
+        elif event["event"] == "done":
+            result = event.get("metrics", {})
+    if bar is not None:
+        bar.close()
+    return result
+
+
 # --- the run ----------------------------------------------------------------------------------------------------
 async def run_demo(
     path: str | Path = ".art",
     *,
-    steps: int = 24,
+    steps: int = 12,
     group_size: int = 8,
     learning_rate: float = 1.5e-3,
     lora_rank: int = 16,
@@ -205,8 +245,15 @@ async def run_demo(
     from .tiny import tiny_model_path
 
     started = time.perf_counter()
+    seconds: dict[str, float] = {}  # where the time went, by phase
+
+    def lap(phase: str, since: float) -> float:
+        seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - since
+        return seconds[phase]
+
     root = Path(path)
     print(f"1/4 the offline tiny model, {family} tokenizer (built once, cached) ...", flush=True)
+    since = time.perf_counter()
     model = TrainableModel(
         name="tool-agent" if family == "byte" else f"tool-agent-{family}",
         project="demo",
@@ -215,18 +262,30 @@ async def run_demo(
     )
     backend = LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=lora_rank))
     shutil.rmtree(backend.model_dir(model), ignore_errors=True)  # every run trains from step 0
+    lap("tiny model", since)
     async with backend:
+        print("2/4 starting vLLM and loading the trainer ...", flush=True)
+        since = time.perf_counter()
+        await with_clock("    vLLM starting", model.register(backend))
         print(
-            "2/4 starting vLLM and the trainer; warm start on the tool-call format (LoRA, tools drawn at random) ...",
+            f"    ready in {lap('vLLM + trainer', since):.0f} s; warm start on the tool-call format",
             flush=True,
         )
-        await model.register(backend)
-        sft = await model.train_sft(
+        since = time.perf_counter()
+        sft = await warm_start(
+            backend,
+            model,
             warm_start_examples(warm_examples, seed),
-            config=SFTConfig(learning_rate=warm_learning_rate, epochs=warm_epochs, batch_size=16, seed=seed),
+            SFTConfig(learning_rate=warm_learning_rate, epochs=warm_epochs, batch_size=16, seed=seed),
         )
-        print(f"    warm start: {sft['batches']} SFT steps, final loss {sft['final_loss']:.3f}", flush=True)
+        print(
+            f"    warm start: {sft['batches']} SFT steps, final loss {sft['final_loss']:.3f} "
+            f"({lap('warm start', since):.0f} s; the tool in each example drawn at random)",
+            flush=True,
+        )
+        since = time.perf_counter()
         success_start = await evaluate(model, eval_samples, seed=seed * 7919 + 1)
+        lap("evaluations", since)
         overlap = " (async: rollouts never wait for a step)" if async_mode else ""
         print(f"3/4 success at step 0: {success_start:.3f}; GRPO steps{overlap}:", flush=True)
         print(
@@ -246,6 +305,7 @@ async def run_demo(
                 flush=True,
             )
 
+        since = time.perf_counter()
         if async_mode:
             await train_demo_async(model, backend, config, steps, group_size, seed, show)
         else:
@@ -258,21 +318,25 @@ async def run_demo(
                 metrics = await model.train(groups, config=config)
                 swap = await served_swap(backend, model, groups)
                 show(await model.get_step(), metrics, swap, time.perf_counter() - t0)
+        lap("GRPO steps", since)
+        since = time.perf_counter()
         success_end = await evaluate(model, eval_samples, seed=seed * 7919 + 1)
+        lap("evaluations", since)
         final_step = await model.get_step()
     print(f"4/4 success at step {final_step}: {success_end:.3f}")
     curve_path = Path(out) if out else backend.model_dir(model) / "reward.png"
     plot_curve(curve, curve_path, family)
     print(f"reward curve: {curve_path}")
-    seconds = time.perf_counter() - started
+    total = time.perf_counter() - started
+    print("time: " + ", ".join(f"{phase} {value:.0f} s" for phase, value in seconds.items()))
     result = {
         "success_start": success_start,
         "success_end": success_end,
         "steps": steps,  # GRPO steps (the warm start is one more checkpoint)
-        "seconds": seconds,
+        "seconds": total,
     }
     (backend.model_dir(model) / "demo.json").write_text(
-        json.dumps({**result, "curve": curve}, indent=2) + "\n"
+        json.dumps({**result, "curve": curve, "phase_seconds": seconds}, indent=2) + "\n"
     )
     return result
 

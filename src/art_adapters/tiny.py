@@ -218,7 +218,10 @@ def _save_model(out: Path, *, seed: int, vocab_size: int, tok_ids: dict[str, int
     )
     config.architectures = [f"{arch}ForCausalLM"]
     gen = torch.Generator().manual_seed(seed)
-    model = getattr(transformers, f"{arch}ForCausalLM")(config).to(torch.float32)
+    from .training.quiet import quiet_import_notes
+
+    with quiet_import_notes():  # the model class imports transformers' integrations (torchao's notes)
+        model = getattr(transformers, f"{arch}ForCausalLM")(config).to(torch.float32)
     std = float(config.initializer_range)
     with torch.no_grad():  # explicit init, independent of transformers' init order and global RNG
         for name, p in sorted(model.named_parameters()):
@@ -313,9 +316,6 @@ def weights_digest(model_dir: str | Path) -> str:
 def tiny_model_command(out_dir: str | None, family: str = "byte") -> None:
     """CLI entry: ``art-adapters tiny-model [OUT_DIR] [--family F]`` prints the model's path. Without OUT_DIR: the
     shared cache (built once). With it: builds there (rebuilds a previous tiny model, never other folders)."""
-    from .training.quiet import quiet_import_notes
-
-    quiet_import_notes()  # for the rest of this command: notes of optional kernels are not for this user
     if out_dir is None:
         print(tiny_model_path(family))
         return

@@ -176,7 +176,8 @@ def test_arts_tic_tac_toe_example_resumes_from_the_bucket_and_deploys(
         )
     assert "training from step 1" in second and "step 2:" in second, second
     assert bucket_steps(s3_server, "tic-tac-toe", "tic-tac-toe-001")[-1] == "0002"
-    name = f"tic-tac-toe-tic-tac-toe-001-2-{hashlib.sha256(b'tic-tac-toe\0tic-tac-toe-001').hexdigest()[:8]}"
+    tag = hashlib.sha256(b"tic-tac-toe\0tic-tac-toe-001").hexdigest()[:8]  # deployment.deployed_name's
+    name = f"tic-tac-toe-tic-tac-toe-001-2-{tag}"
     assert [u["model_name"] for u in together.uploads] == [name]
     assert together.chats and together.chats[0]["model"] == f"acct/{name}", second
     assert f"deployed acct/{name}" in second

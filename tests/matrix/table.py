@@ -1,6 +1,6 @@
-"""Writes README's framework matrix from the last matrix run (`build/matrix.json`, written by tests/test_matrix.py).
+"""Writes the docs' framework matrix from the last matrix run (`build/matrix.json`, written by tests/test_matrix.py).
 
-python tests/matrix/table.py            # rewrites the table between README's matrix markers
+python tests/matrix/table.py            # rewrites the table between the matrix markers of docs/frameworks/index.md
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ def table(rows: dict[str, dict]) -> str:
 
 def main() -> None:
     rows = json.loads((ROOT / "build" / "matrix.json").read_text())
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    page = ROOT / "docs" / "frameworks" / "index.md"
+    text = page.read_text()
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{table(rows)}\n{END}{tail}")
-    print(f"README.md: {len(rows)} of {len(FRAMEWORKS)} frameworks")
+    page.write_text(f"{head}{START}\n{table(rows)}\n{END}{tail}")
+    print(f"{page.relative_to(ROOT)}: {len(rows)} of {len(FRAMEWORKS)} frameworks")
 
 
 if __name__ == "__main__":

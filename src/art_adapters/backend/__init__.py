@@ -1,1 +1,1 @@
-"""Backends: where a model is served and trained (LocalBackend in this process, RemoteBackend on a server)."""
+"""Backends: the Backend protocol, LocalBackend (vLLM + trainer here), RemoteBackend and the `serve` HTTP server."""

@@ -99,12 +99,16 @@ class Exchange:
             if not isinstance(request, dict):
                 request = {"_raw": self.request_body.decode("utf-8", errors="replace")}
         message = _describe(error) if error is not None else None
+        seen = _header_values(self.headers)
         fields: dict[str, Any] = {}
         if self.status is not None:
             if body is None:
-                body, message = self._parse(message, early, bool(request.get("stream")))
+                body, message = self._parse(message, early, bool(request.get("stream")), seen)
             if body is not None:
                 fields = _FIELDS.get(self.kind, body_fields)(body, bool(request.get("stream")))
+        source = self.source
+        if source.framework == "openai_agents":  # the agents that held the run before: from earlier calls
+            source = with_handoffs(source, [c.source for c in self.trajectory.llm_calls])
         call = LLMCall(
             request=request,
             url=str(self.url),
@@ -114,26 +118,25 @@ class Exchange:
             latency_s=latency,
             logprobs_mode=self.logprobs_mode,
             error=message,
-            source=with_handoffs(self.source, [c.source for c in self.trajectory.llm_calls]),
-            **served_version(self.headers),
+            source=source,
+            **_served(seen.get(VERSION_HEADER), seen.get(SERVED_HEADER)),
             **fields,
         )
         _insert(self.trajectory.llm_calls, call)
 
     def _parse(
-        self, error: str | None, early: bool, streamed: bool
+        self, error: str | None, early: bool, streamed: bool, seen: dict[str, str]
     ) -> tuple[dict[str, Any] | None, str | None]:
         """The completion body (a stream reassembled) and the error, if any. A stream is recognised by the
         request's `stream` (as the openai SDK decides), or by the answer's content type."""
         raw = b"".join(self.chunks)
-        headers = self.headers if self.headers is not None else httpx.Headers()
         if not self.decoded:
-            raw = decode(raw, headers)
+            raw = _decoded(raw, seen.get("content-encoding", "identity"))
         status = self.status or 0
         if status >= 400:
             text = raw.decode("utf-8", errors="replace")
             return None, error or f"HTTP {status}: {text[:2000]}"
-        if streamed or "text/event-stream" in headers.get("content-type", ""):
+        if streamed or "text/event-stream" in seen.get("content-type", ""):
             events, done, stream_error = parse_events(raw)
             if self.kind in _FINAL_EVENT:  # no [DONE]: a final event ends the stream
                 final, last = _FINAL_EVENT[self.kind]
@@ -160,10 +163,33 @@ class Exchange:
 
 def served_version(headers: httpx.Headers | None) -> dict[str, Any]:
     """The policy version and adapter our gateway names in an answer's headers (nothing from other servers)."""
-    version = parse_step(headers.get(VERSION_HEADER) or "") if headers is not None else None
-    if version is None:
+    if headers is None:
         return {}
-    return {"policy_version": version, "served_model": headers.get(SERVED_HEADER)}  # type: ignore[union-attr]
+    return _served(headers.get(VERSION_HEADER), headers.get(SERVED_HEADER))
+
+
+def _served(version: str | None, served: str | None) -> dict[str, Any]:
+    step = parse_step(version or "")
+    if step is None:
+        return {}
+    return {"policy_version": step, "served_model": served}
+
+
+_READ_HEADERS = ("content-type", "content-encoding", VERSION_HEADER, SERVED_HEADER)
+
+
+def _header_values(headers: Any) -> dict[str, str]:
+    """The answer's headers capture reads (content type and encoding, our gateway's version), in one pass (each
+    `Headers.get` scans every header); a repeated one comma-joined, as `Headers.get` returns it."""
+    out: dict[str, str] = {}
+    if headers is None:
+        return out
+    for key, value in headers.raw:
+        name = key.decode("latin-1").lower()
+        if name in _READ_HEADERS:
+            text = value.decode("latin-1")
+            out[name] = f"{out[name]}, {text}" if name in out else text
+    return out
 
 
 def body_fields(body: dict[str, Any], streamed: bool = False) -> dict[str, Any]:
@@ -223,7 +249,11 @@ def _logprobs(value: Any) -> list[float] | None:
 
 def decode(raw: bytes, headers: httpx.Headers) -> bytes:
     """Undo a content-encoding (gzip, br, ...) with httpx's own decoders; identity is free."""
-    encoding = headers.get("content-encoding", "identity").strip().lower()
+    return _decoded(raw, headers.get("content-encoding", "identity"))
+
+
+def _decoded(raw: bytes, content_encoding: str) -> bytes:
+    encoding = content_encoding.strip().lower()
     if not raw or encoding in ("", "identity"):
         return raw
     try:

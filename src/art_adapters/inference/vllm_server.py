@@ -40,6 +40,7 @@ from art_adapters.inference.process import (
     set_parent_death_signal,
     tail_lines,
 )
+
 from .routing import PeerEngine, load_on_peers, unload_on_peers
 
 __all__ = ["InferenceServerError", "VLLMServer", "find_free_port", "group_pids", "write_zero_adapter"]

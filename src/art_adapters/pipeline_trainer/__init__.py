@@ -99,7 +99,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             if value != _DEFAULT_ONLY[key]:
                 raise UnsupportedARTSetting(
                     f"PipelineTrainer: ART's {key}={value!r} is not supported by art-adapters (only "
-                    f"{_DEFAULT_ONLY[key]!r}); see README 'Porting from ART'"
+                    f"{_DEFAULT_ONLY[key]!r}); see docs/porting.md"
                 )
         runtime = _runtime(
             pipeline,

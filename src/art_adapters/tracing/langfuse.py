@@ -40,7 +40,7 @@ class LangfuseExporter:
     False sends all. Make the exporter before the rollouts run, so it sees the handler's generations.
 
     `training_data` (default True): each generation also carries its call's training record (token ids, sampled
-    logprobs, policy version, served model, source; packed, about 8 bytes per token, see README "Production data")
+    logprobs, policy version, served model, source; packed, about 8 bytes per token, see docs/production.md)
     and the root the trajectory's, so `import_trajectories` gives back the Trajectory it was. False sends only
     what people read.
     """

@@ -11,28 +11,32 @@ from collections.abc import Iterator
 _IMPORT_NOTES = ("bitsandbytes", "torchao", "torch.utils._pytree")
 
 
-def quiet_import_notes() -> list[tuple[logging.Logger, int]]:
-    """Raise those loggers to ERROR; returns each with its previous level (to restore)."""
+@contextlib.contextmanager
+def quiet_import_notes() -> Iterator[None]:
+    """Inside: those loggers at ERROR (the notes are logged while the libraries import); their levels restored
+    after. Wrap the first import of PEFT / torchao / a transformers model class."""
     loggers = [logging.getLogger(name) for name in _IMPORT_NOTES]
     previous = [(logger, logger.level) for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
-    return previous
+    try:
+        yield
+    finally:
+        for logger, level in previous:
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
     """No transformers progress bars ("Loading weights", "Writing model shards") and no import-time kernel notes
     inside; every level restored after."""
-    from transformers.utils import logging as hf_logging
+    with quiet_import_notes():
+        from transformers.utils import logging as hf_logging
 
-    previous = quiet_import_notes()
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
-        for logger, level in previous:
-            logger.setLevel(level)
+        enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if enabled:
+                hf_logging.enable_progress_bar()

@@ -15,7 +15,6 @@ script = react
 
 async def rollout(endpoint: Endpoint, k: int) -> str:
     import openai
-
     from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)

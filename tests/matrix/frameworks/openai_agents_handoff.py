@@ -21,7 +21,6 @@ def script(body: dict) -> str:
 
 async def rollout(endpoint: Endpoint, k: int) -> str:
     import openai
-
     from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
