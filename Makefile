@@ -83,6 +83,7 @@ docs: $(DOCS_STAMP)
 lint: venv-dev
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .venv-matrix .pytest_cache .ruff_cache site

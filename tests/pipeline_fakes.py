@@ -10,7 +10,7 @@ from typing import Any
 
 import art_adapters as art
 from art_adapters.backend.base import ARTTraining, InferenceEndpoint
-from art_adapters.backend.metrics import record_log
+from art_adapters.model_log import record_log
 
 
 class TimedBackend(ARTTraining):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from art_adapters.training import checkpoints as ck
+from art_adapters import checkpoints as ck
 from art_adapters.trajectories import Trajectory, read_jsonl
 
 

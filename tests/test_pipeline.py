@@ -134,7 +134,7 @@ async def test_a_step_whose_checkpoint_outlived_its_log_row_is_marked_lost_on_re
 ) -> None:
     """Killed after a step's checkpoint was saved but before its history row was written: the resumed run writes
     that step's row, saying its metrics were lost, so history has every step the checkpoints have."""
-    from art_adapters.training.checkpoints import read_history
+    from art_adapters.checkpoints import read_history
 
     backend, model = setup
     config = PipelineConfig(rollout_workers=2, groups_per_step=2, max_steps_off_policy=0, max_steps=2)

@@ -16,9 +16,9 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import art_adapters as art
+from art_adapters.checkpoints import read_history
 from art_adapters.pipeline import FutureVersionError, Pipeline, PipelineConfig, train_async
 from art_adapters.pipeline_trainer import PipelineTrainer
-from art_adapters.training.checkpoints import read_history
 from pipeline_fakes import Rollouts, TimedBackend
 
 BOUND_S = 20.0  # every run below ends or raises well within this

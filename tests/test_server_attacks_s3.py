@@ -99,4 +99,4 @@ async def test_step_numbers_in_other_digits_are_not_steps_and_break_no_pull(
     checkpoints = backend.model_dir(model) / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0002"]
     (checkpoints / "³").mkdir()  # a stray local folder is not a step either
-    assert art.training.checkpoints.list_steps(backend.model_dir(model)) == [2]
+    assert art.checkpoints.list_steps(backend.model_dir(model)) == [2]

@@ -21,11 +21,12 @@ import psutil
 import pytest
 
 import art_adapters as art
+from art_adapters import checkpoints
 from art_adapters.backend.serving import Registered
 from art_adapters.backend.trainers import TrainerHost, trainer_gpus
 from art_adapters.config import LoRAConfig, ShardedTrainerOptions, TrainConfig
 from art_adapters.tiny import tiny_model_path
-from art_adapters.training import checkpoints, launcher
+from art_adapters.training import launcher
 from art_adapters.training.rendezvous import TOKEN_ENV
 from art_adapters.training.sharded import ShardedTrainer, TrainerProcessError
 from test_sharded_training import HEAD, LR

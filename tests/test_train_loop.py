@@ -14,10 +14,10 @@ import pytest_asyncio
 import torch
 
 import art_adapters as art
+from art_adapters import checkpoints
 from art_adapters.backend.local import LocalBackend
 from art_adapters.capture import capture  # `art.capture` is shadowed by the subpackage once imported
 from art_adapters.inference import VLLMServer
-from art_adapters.training import checkpoints
 from art_adapters.training.loss import RewardError
 from art_adapters.training.tokenize import TokenizationError
 from fixtures_vllm import registered_on

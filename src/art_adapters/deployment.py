@@ -252,7 +252,7 @@ def deploy_wandb(
     """Log the adapter as a W&B artifact (type `lora`, alias `step{step}`); returns its `wandb-artifact:///` name."""
     import wandb
 
-    from .training.checkpoints import serving_files
+    from .checkpoints import serving_files
 
     entity = (config.entity if config else None) or model.entity
     run = wandb.init(project=model.project, entity=entity, job_type="deploy", reinit="create_new")
@@ -279,7 +279,7 @@ def export_checkpoint(
     model: TrainableModel, checkpoint_path: str, step: int, config: VLLMExportConfig
 ) -> DeploymentResult:
     """The checkpoint as files a server loads, and the command that serves them (vLLM's OpenAI server)."""
-    from .training.checkpoints import TRAINER_ONLY_FILES
+    from .checkpoints import TRAINER_ONLY_FILES
 
     out = Path(config.out_dir)
     name = deployed_name(model, step)

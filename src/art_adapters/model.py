@@ -6,22 +6,20 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .config import LoRAConfig, SFTConfig, TrainConfig
 from .costs import CostCalculator, no_cost
 from .trajectories import Trajectory, TrajectoryGroup
+from .untrusted import check_name
 
 if TYPE_CHECKING:
     import openai
 
-    from .backend.base import Backend, InferenceEndpoint
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # What a model may ask of its inference server (engine flags and environment are the server operator's).
 MODEL_INFERENCE_FIELDS = frozenset(
     {
@@ -60,10 +58,62 @@ def issubclass_trainable(cls: type) -> bool:
     return any(base.__name__ == "TrainableModel" for base in cls.__mro__)
 
 
-def check_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value in {".", ".."}:
-        raise ValueError(f"{kind} name {value!r} must match {NAME_PATTERN.pattern} (and not be '.' or '..')")
-    return value
+class InferenceEndpoint(BaseModel):
+    """Where a registered model is served: an OpenAI-compatible base URL, its key and the served name."""
+
+    base_url: str
+    api_key: str
+    model_name: str
+    supports_token_ids: bool = True
+    logprobs_mode: str | None = (
+        None  # what the engine's logprobs are (None: unknown, e.g. someone else's API)
+    )
+
+
+@runtime_checkable
+class Backend(Protocol):
+    async def register(self, model: Model) -> InferenceEndpoint:
+        """Make the model servable (start or reuse the engine, load its latest checkpoint)."""
+        ...
+
+    async def get_step(self, model: TrainableModel) -> int: ...
+
+    def train_events(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        record: bool = True,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Take one GRPO step. Yields progress events; the last has `"event": "done"`, the new step and its
+        metrics. `record`: also write the step's trajectories and history row (`model.train`; ART's
+        `backend.train` leaves that to `model.log`)."""
+        ...
+
+    def train_sft_events(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def log(
+        self,
+        model: Model,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """Record groups (trajectories and `{split}/...` metrics) and extra metrics at `step` (default: current)."""
+        ...
+
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str | None = None
+    ) -> list[int]:
+        """Delete all checkpoints but the latest and the best by the metric; returns the deleted steps."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class Model(BaseModel):
@@ -206,8 +256,8 @@ class Model(BaseModel):
         groups = as_groups(trajectories)
         if self._backend is not None:
             return await self._backend.log(self, groups, split, metrics=metrics, step=step)  # type: ignore[arg-type]
-        from .backend.metrics import record_log
-        from .training.checkpoints import model_dir
+        from .checkpoints import model_dir
+        from .model_log import record_log
 
         at = step if step is not None else await self.get_step()
         directory = model_dir(self.project, self.name, self.base_path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import checkpoints
 from .model import check_name
-from .training import checkpoints
 
 if TYPE_CHECKING:
     from .model import Model

@@ -1,5 +1,6 @@
-"""Reading what clients, buckets and upstreams send without trusting it: step numbers in ASCII digits only, JSON
-nesting depth counted without recursion, object keys as relative paths, and request headers forwarded by allow-list.
+"""Reading what clients, buckets and upstreams send without trusting it: names as single path segments, step numbers
+in ASCII digits only, JSON nesting depth counted without recursion, object keys as relative paths, and request
+headers forwarded by allow-list.
 
 The bottom of the layers (it imports nothing of ours), so every door uses the same checks.
 """
@@ -7,6 +8,7 @@ The bottom of the layers (it imports nothing of ours), so every door uses the sa
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -92,3 +94,13 @@ def forwarded_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 def _printable_ascii(value: str) -> bool:
     return all(" " <= c <= "~" or c == "\t" for c in value)
+
+
+# A model, project or split name: a single path segment, whole (a trailing newline is refused).
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value in {".", ".."}:
+        raise ValueError(f"{kind} name {value!r} must match {NAME_PATTERN.pattern} (and not be '.' or '..')")
+    return value

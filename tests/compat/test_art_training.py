@@ -66,7 +66,7 @@ class RecordingBackend(ARTTraining):
         metrics: dict[str, float] | None = None,
         step: int | None = None,
     ) -> dict[str, float]:
-        from art_adapters.backend.metrics import record_log
+        from art_adapters.model_log import record_log
 
         directory = self.path / model.project / "models" / model.name
         return record_log(directory, groups, split, self.step if step is None else step, metrics)

@@ -1,76 +1,19 @@
-"""The Backend protocol (what LocalBackend and RemoteBackend both do for a model) and ART's calls on top of it."""
+"""ART's backend-first calls (`backend.train`, the S3 names) on top of the Backend protocol, which the model layer
+names (`model.Backend`: what LocalBackend and RemoteBackend both do for a model) and this module re-exports."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from ..compat import LocalTrainResult, TrainResult, UnsupportedARTSetting, art_backend_train_config
+from ..model import Backend, InferenceEndpoint, Model, TrainableModel
 
 if TYPE_CHECKING:
-    from ..config import SFTConfig, TrainConfig
-    from ..model import Model, TrainableModel
-    from ..trajectories import Trajectory, TrajectoryGroup
+    from ..config import TrainConfig
+    from ..trajectories import TrajectoryGroup
 
-
-class InferenceEndpoint(BaseModel):
-    """Where a registered model is served: an OpenAI-compatible base URL, its key and the served name."""
-
-    base_url: str
-    api_key: str
-    model_name: str
-    supports_token_ids: bool = True
-    logprobs_mode: str | None = (
-        None  # what the engine's logprobs are (None: unknown, e.g. someone else's API)
-    )
-
-
-@runtime_checkable
-class Backend(Protocol):
-    async def register(self, model: Model) -> InferenceEndpoint:
-        """Make the model servable (start or reuse the engine, load its latest checkpoint)."""
-        ...
-
-    async def get_step(self, model: TrainableModel) -> int: ...
-
-    def train_events(
-        self,
-        model: TrainableModel,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig,
-        *,
-        record: bool = True,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Take one GRPO step. Yields progress events; the last has `"event": "done"`, the new step and its
-        metrics. `record`: also write the step's trajectories and history row (`model.train`; ART's
-        `backend.train` leaves that to `model.log`)."""
-        ...
-
-    def train_sft_events(
-        self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
-    ) -> AsyncIterator[dict[str, Any]]: ...
-
-    async def log(
-        self,
-        model: Model,
-        groups: list[TrajectoryGroup],
-        split: str = "val",
-        *,
-        metrics: dict[str, float] | None = None,
-        step: int | None = None,
-    ) -> dict[str, float]:
-        """Record groups (trajectories and `{split}/...` metrics) and extra metrics at `step` (default: current)."""
-        ...
-
-    async def delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str | None = None
-    ) -> list[int]:
-        """Delete all checkpoints but the latest and the best by the metric; returns the deleted steps."""
-        ...
-
-    async def close(self) -> None: ...
+__all__ = ["ARTTraining", "Backend", "InferenceEndpoint", "Model", "TrainableModel"]
 
 
 class ARTTraining:

@@ -92,7 +92,7 @@ class CheckpointSync:
     ) -> str:
         """A checkpoint's local folder: the one asked for, or the newest here or (with a bucket) there, fetched
         when it is not here; copied to `local_path` if given."""
-        from ..training import checkpoints
+        from .. import checkpoints
 
         directory = self.model_dir(model)
         local = checkpoints.list_steps(directory)
@@ -131,8 +131,8 @@ class CheckpointSync:
     ) -> None:
         """Start `model` from another model's checkpoint (the newest, or the newest not after `not_after_step`),
         here or in a bucket; it keeps its step number."""
+        from .. import checkpoints
         from ..model import Model as PlainModel
-        from ..training import checkpoints
 
         source = PlainModel(name=from_model, project=from_project or model.project)
         source_dir = self.model_dir(source)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import SFTConfig, TrainConfig
 from ..model import Model, TrainableModel, check_model_name, check_name
+from ..model_log import all_trajectories, best_step, record_log, rollout_metrics
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
-from .metrics import all_trajectories, best_step, record_log, rollout_metrics
 from .serving import Registered, publish_step, required_lora_rank
 from .trainers import TrainerHost
 
@@ -90,10 +90,10 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 model_name=model.inference_model_name or model.name,
                 supports_token_ids=False,
             )
+        from .. import checkpoints
         from ..inference import VLLMServer
         from ..inference.config import validate_model_dir
         from ..inference.gateway import gateway_of
-        from ..training import checkpoints
 
         base = validate_model_dir(model.base_model)  # clear errors before any server starts
         rank = required_lora_rank(base, model)
@@ -170,7 +170,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         state = self._models.get(self.model_dir(model))
         if state is not None:
             return state.step
-        from ..training import checkpoints
+        from .. import checkpoints
 
         return checkpoints.latest_step(self.model_dir(model))
 
@@ -186,7 +186,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
 
         A step that trains nothing (every group's rewards equal, say) still advances: the last checkpoint's
         folder is renamed to the new step, as in ART (the version it served keeps answering from memory)."""
-        from ..training import checkpoints
+        from .. import checkpoints
 
         state = self._registered(model)
         async with state.lock:
@@ -213,7 +213,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
     ) -> AsyncIterator[dict[str, Any]]:
         """Supervised steps on the trajectories' assistant turns, saved and served as one new step."""
-        from ..training import checkpoints
+        from .. import checkpoints
 
         state = self._registered(model)
         async with state.lock:
@@ -269,7 +269,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         self, model: TrainableModel, best_checkpoint_metric: str | None = None
     ) -> list[int]:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (default `val/reward`)."""
-        from ..training import checkpoints
+        from .. import checkpoints
 
         directory = self.model_dir(model)
         steps = checkpoints.list_steps(directory)

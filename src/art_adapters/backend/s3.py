@@ -210,7 +210,7 @@ def presigned_step_archive(
     """Zip a checkpoint's serving files (not the optimizer's or trainer's state) to `zipped-steps/{step:04d}.zip`
     beside the model's files (ART's place) and return a presigned URL to it (what Together fetches an adapter
     from)."""
-    from ..training.checkpoints import serving_files
+    from ..checkpoints import serving_files
 
     if not checkpoint_path.is_dir():
         raise S3SyncError(f"no checkpoint folder to archive: {checkpoint_path}")

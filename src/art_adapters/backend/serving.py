@@ -43,8 +43,8 @@ class Registered:
 
 async def publish_step(state: Registered, step: int) -> None:
     """Serve `checkpoints/{step}` as the model's newest version (`{project}/{name}@{step}`)."""
+    from .. import checkpoints
     from ..inference import InferenceServerError
-    from ..training import checkpoints
 
     path = checkpoints.checkpoint_dir(state.directory, step)
     try:

@@ -64,7 +64,7 @@ class TrainerHost:
     async def resume_from_disk(self, model: Model) -> None:
         """A registered model whose folder got a newer checkpoint (pulled, forked) resumes from it: its trainer
         loads it and it becomes the served version. Nothing to do for a model not registered here."""
-        from ..training import checkpoints
+        from .. import checkpoints
 
         state = self._models.get(self.model_dir(model))
         if state is None:
@@ -119,7 +119,7 @@ class TrainerHost:
 
         A fresh PEFT adapter has lora_B = 0 (and lm_head's delta is 0), so step 0 serves exactly the base policy.
         """
-        from ..training import checkpoints
+        from .. import checkpoints
 
         processes = self._trainer_processes(model)
         gpus = self._trainer_gpus(model)
@@ -210,7 +210,7 @@ class TrainerHost:
     async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
         """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`), serve
         it."""
-        from ..training import checkpoints
+        from .. import checkpoints
 
         trainer = state.trainer
         assert trainer is not None

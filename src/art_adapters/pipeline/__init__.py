@@ -24,7 +24,8 @@ from typing import Any
 from ..config import TrainConfig
 from ..model import TrainableModel
 from .config import PipelineConfig, StepReport
-from .run import EvalFn, OnStep, Pipeline, RolloutFn, eval_splits
+from .groups import eval_splits
+from .run import EvalFn, OnStep, Pipeline, RolloutFn
 from .state import STATE_KEY
 from .versions import FutureVersionError
 

@@ -8,14 +8,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..config import TrainConfig
 from ..model import TrainableModel
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import TrajectoryGroup
 from .config import PipelineConfig, StepReport
+from .groups import SOURCE_DRY, as_async_iterator, eval_splits, no_signal
 from .metrics import StepTiming, step_metrics
 from .state import PipelineState, last_logged_step, saved_state
 from .versions import check_not_future, group_version, own_names, stamp_versions
@@ -53,7 +54,7 @@ class Pipeline(Generic[S]):
     ) -> None:
         self.model = model
         self.rollout = rollout
-        self.scenarios = _aiter(scenarios)
+        self.scenarios = as_async_iterator(scenarios)
         # a source that keeps its own progress (a trajectory store) is not skipped into on resume
         self.skips_on_resume = not getattr(scenarios, "resumes_itself", False)
         self.config = config or TrainConfig()
@@ -196,7 +197,7 @@ class Pipeline(Generic[S]):
                 try:
                     sampled_from = self.state.policy_version
                     scenario = await self._next_scenario()
-                    if scenario is _END:
+                    if scenario is SOURCE_DRY:
                         return
                     began = time.monotonic()
                     group = await self._rollout(index, scenario)
@@ -224,13 +225,13 @@ class Pipeline(Generic[S]):
     async def _next_scenario(self) -> Any:
         async with self._scenario_lock:
             if self._exhausted:
-                return _END
+                return SOURCE_DRY
             try:
                 scenario = await anext(self.scenarios)
             except StopAsyncIteration:
                 self._exhausted = True
                 self._notify()
-                return _END
+                return SOURCE_DRY
             except Exception as error:
                 error.add_note("raised by the pipeline's scenario source")
                 raise
@@ -354,7 +355,7 @@ class Pipeline(Generic[S]):
         if group_version(group, step) < step - self.pipeline.max_steps_off_policy:
             self.state.discarded_stale_groups += 1
             return "stale"
-        if _no_signal(group):
+        if no_signal(group):
             self.state.discarded_zero_variance_groups += 1
             self._zero_variance.append(group)
             limit = self.pipeline.max_zero_variance_groups
@@ -408,45 +409,3 @@ class Pipeline(Generic[S]):
                 log.warning("evaluation at step %d failed: %s: %s", step, type(error).__name__, error)
                 continue
             self.state.completed_eval_steps.add(step)
-
-
-def eval_splits(result: Any) -> dict[str, list[TrajectoryGroup]]:
-    """An evaluation's result as groups per split: `{split: items}` keeps each split's name, a list is `val`."""
-    if result is None:
-        return {}
-    if isinstance(result, Mapping):
-        return {str(split): _as_groups(items) for split, items in result.items() if items}
-    groups = _as_groups(result)
-    return {"val": groups} if groups else {}
-
-
-def _as_groups(items: Any) -> list[TrajectoryGroup]:
-    if isinstance(items, TrajectoryGroup | Trajectory):
-        items = [items]
-    items = list(items or [])
-    groups = [i for i in items if isinstance(i, TrajectoryGroup)]
-    loose = [i for i in items if isinstance(i, Trajectory)]
-    return groups + ([TrajectoryGroup(loose)] if loose else [])
-
-
-def _no_signal(group: TrajectoryGroup) -> bool:
-    """All rewards equal (overall and per role): the group's advantages are all zero."""
-    rewards = [t.reward for t in group.trajectories]
-    if len(set(rewards)) > 1:
-        return False
-    roles = {role for t in group.trajectories for role in t.rewards_by_role}
-    return all(len({t.rewards_by_role.get(r, t.reward) for t in group.trajectories}) <= 1 for r in roles)
-
-
-_END = object()  # the scenarios ran dry
-
-
-async def _aiter_of(items: Iterable[S]) -> AsyncIterator[S]:
-    for item in items:
-        yield item
-
-
-def _aiter(items: Iterable[S] | AsyncIterable[S]) -> AsyncIterator[S]:
-    if isinstance(items, AsyncIterable):
-        return aiter(items)
-    return _aiter_of(items)

@@ -80,7 +80,7 @@ def saved_state(model: TrainableModel) -> dict[str, Any]:
 
 def last_logged_step(model: TrainableModel) -> int:
     """The newest train row in the model's local history (a run can die between its log and its state)."""
-    from ..training.checkpoints import model_dir, read_history
+    from ..checkpoints import model_dir, read_history
 
     directory = model_dir(model.project, model.name, model.base_path)
     return max((int(r["step"]) for r in read_history(directory) if r.get("split") == "train"), default=-1)

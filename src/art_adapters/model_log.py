@@ -1,11 +1,14 @@
-"""What a step records: rollout metrics of trajectory groups, and the best checkpoint by a history metric."""
+"""What `model.log` and every step record in a model's folder: rollout metrics of trajectory groups, the history row,
+and the best checkpoint by a history metric."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ..trajectories import Trajectory, TrajectoryGroup
+from . import checkpoints
+from .trajectories import Trajectory, TrajectoryGroup
+from .untrusted import check_name
 
 
 def all_trajectories(groups: list[TrajectoryGroup]) -> list[Trajectory]:
@@ -69,9 +72,6 @@ def record_log(
     """`model.log`'s record at `step`: the groups' trajectories appended to `trajectories/{split}/{step:04d}.jsonl`
     and one `history.jsonl` row of their `{split}/...` rollout metrics (`{split}/reward` is ART's name for the
     mean) plus `metrics`, prefixed `{split}/` unless they already name a section. Returns the row's metrics."""
-    from ..model import check_name
-    from ..training import checkpoints
-
     check_name("split", split)
     row: dict[str, float] = {}
     trajectories = all_trajectories(groups)

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..trajectories import Trajectory, write_jsonl
-from ..untrusted import parse_step
+from .trajectories import Trajectory, write_jsonl
+from .untrusted import parse_step
 
 _TEMP_PREFIX = ".tmp-"
 # What a checkpoint holds for the trainer alone (resume): never shipped with a deployed adapter.
