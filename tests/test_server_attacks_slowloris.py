@@ -27,7 +27,7 @@ from art_adapters.inference.gateway import Gateway
 from test_remote_backend import free_port
 
 KEY = "slow-key"
-LIMITS = ConnectionLimits(max_connections=4, header_timeout_s=1.0, body_timeout_s=1.0)
+LIMITS = ConnectionLimits(max_connections=4, header_timeout_s=1.0, body_timeout_s=1.0, max_head_bytes=4096)
 GUARD_S = 15  # a hang guard, never a timing assertion
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
 
@@ -68,6 +68,27 @@ def attack(port: int) -> None:
             HEAD + b"content-length: 100\r\nauthorization: Bearer " + KEY.encode() + b"\r\n\r\n{"
         )
         assert b" 200 " not in answer(slow_body)  # closed without the rest of its body ever arriving
+        assert trickled_bytes(stack.enter_context(socket.create_connection(("127.0.0.1", port)))) < 100
+        huge = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+        huge.sendall(HEAD + b"x-pad: " + b"a" * (2 * LIMITS.max_head_bytes))  # ... and more to come
+        assert answer(huge).startswith(b"HTTP/1.1 431"), "an unbounded head was read"
+
+
+def trickled_bytes(sock: socket.socket) -> int:
+    """A body of 100 bytes sent one byte every 0.3 s (each read well within the body deadline): how many went out
+    before the server closed the connection for its rate."""
+    sock.sendall(HEAD + b"content-length: 100\r\nauthorization: Bearer " + KEY.encode() + b"\r\n\r\n")
+    sock.settimeout(0.3)
+    for sent in range(100):
+        try:
+            sock.sendall(b" ")
+            if sock.recv(4096) == b"":
+                return sent
+        except TimeoutError:
+            continue  # still open, nothing said
+        except OSError:
+            return sent
+    return 100
 
 
 def still_answers(url: str) -> None:

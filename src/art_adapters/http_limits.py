@@ -1,6 +1,7 @@
 """What every HTTP server we run (serve, the inference gateway, the recording endpoint) enforces below its app: a cap
-on open connections, and deadlines for a request's head and for each read of its body, so a client that stops
-sending (Slowloris) is closed instead of holding a connection, and file descriptors, forever.
+on open connections, a bound on a request's head, and deadlines for the head and the body (each read, and a least
+average rate), so a client that stops or trickles (Slowloris) is closed instead of holding a connection, and file
+descriptors, forever.
 
 uvicorn has neither (its keep-alive timer starts only after a response); `uvicorn_config` gives it both through a
 protocol class derived from the one uvicorn would pick (httptools, else h11). uvicorn is imported only when used.
@@ -19,6 +20,9 @@ log = logging.getLogger(__name__)
 _RESERVED_FDS = 256  # kept for checkpoints, logs, the engine's pipes
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+)
 
 
 class ConnectionLimits(BaseModel):
@@ -38,6 +42,17 @@ class ConnectionLimits(BaseModel):
         15.0, gt=0, description="A request's line and headers arrive within this (a new connection's too)."
     )
     body_timeout_s: float = Field(60.0, gt=0, description="The longest wait for more of a request's body.")
+    min_body_bytes_per_s: float = Field(
+        1024.0,
+        ge=0,
+        description=(
+            "Once a body has been arriving for `body_timeout_s`, its average rate must stay at least this, or the "
+            "connection is closed (a client trickling a byte per deadline holds nothing for long)."
+        ),
+    )
+    max_head_bytes: int = Field(
+        65536, gt=0, description="A request's line and headers together; more is answered 431 and closed."
+    )
 
     def connection_cap(self) -> int:
         """`max_connections`, lowered to what the open-file limit leaves room for."""
@@ -129,6 +144,9 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._deadline: asyncio.TimerHandle | None = None
             self._reading = "head"
+            self._head_bytes = 0
+            self._body_bytes = 0
+            self._body_since = 0.0
             self._real = transport
             super().connection_made(_Lingering(transport, self))  # type: ignore[arg-type]
             if len(self.connections) > cap:
@@ -144,12 +162,28 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def data_received(self, data: bytes) -> None:
             if self._reading == "idle":  # the first bytes of the next request
                 self._reading = "head"
+                self._head_bytes = 0
                 self._arm(limits.header_timeout_s)
-            elif self._reading == "body":  # progress: the body's deadline starts again
+            if self._reading == "body":  # progress: the body's deadline starts again, if it keeps a rate
+                self._body_bytes += len(data)
+                if self._trickling():
+                    self._real.close()  # the app sees the client disconnect
+                    return
                 self._arm(limits.body_timeout_s)
+            elif self._reading == "head":
+                self._head_bytes += len(data)
             super().data_received(data)
             if h11_based:
                 self._follow_h11()
+            if self._reading == "head" and self._head_bytes > limits.max_head_bytes:
+                self._real.write(_HEAD_TOO_LARGE)
+                self._real.close()
+
+        def _trickling(self) -> bool:
+            elapsed = self.loop.time() - self._body_since
+            return (
+                elapsed > limits.body_timeout_s and self._body_bytes < limits.min_body_bytes_per_s * elapsed
+            )
 
         # httptools' parser callbacks
         def on_headers_complete(self) -> None:
@@ -195,6 +229,7 @@ def protocol_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 return
             self._reading = reading
             if reading == "body":
+                self._body_bytes, self._body_since = 0, self.loop.time()
                 self._arm(limits.body_timeout_s)
             else:
                 self._disarm()
