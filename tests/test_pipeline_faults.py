@@ -169,7 +169,9 @@ async def test_groups_that_all_failed_raise_after_the_limit(
         return art.TrajectoryGroup([], exceptions=[RuntimeError("the tool server is down")])
 
     config = PipelineConfig(rollout_workers=2, groups_per_step=2, max_failed_groups=4)
-    with pytest.raises(RuntimeError, match="4 groups in a row had no trajectory.*tool server is down"):
+    with pytest.raises(
+        RuntimeError, match=r"\d+ rollouts in a row produced no trajectory.*tool server is down"
+    ):
         await asyncio.wait_for(train_async(model, nothing_works, range(1000), pipeline=config), BOUND_S)
 
 

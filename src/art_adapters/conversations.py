@@ -127,6 +127,10 @@ def choice_of(call: LLMCall, index: int = 0) -> MessageOrChoice | None:
         if call.policy_version is not None:
             data.setdefault("policy_version", call.policy_version)
             data.setdefault("policy_token_spans", call.policy_token_spans(index))
+            if call.served_model:
+                data.setdefault(
+                    "served_model", call.served_model
+                )  # whose version it is (spans of 0 tokens are none)
         try:
             return Choice.model_validate(data)
         except ValidationError:

@@ -112,7 +112,11 @@ def _versioned(choice: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]
     spans = policy_token_spans(
         served["policy_version"], served["served_model"], len(choice.get("token_ids") or [])
     )
-    return {"policy_version": served["policy_version"], "policy_token_spans": spans}
+    return {
+        "policy_version": served["policy_version"],
+        "policy_token_spans": spans,
+        "served_model": served["served_model"],  # whose version it is, also when no token was sampled
+    }
 
 
 def _json_or_none(body: bytes) -> dict[str, Any] | None:

@@ -163,8 +163,11 @@ class VersionTable:
                 raise
             version.state = "ready"
 
-    async def unload_if_idle(self, version: Version, *, forgotten: bool = False) -> bool:
-        """Unload `version` unless a request uses it (or it is its model's newest, unless `forgotten`)."""
+    async def unload_if_idle(self, version: Version, *, forgotten: bool = False, wait: bool = True) -> bool:
+        """Unload `version` unless a request uses it (or it is its model's newest, unless `forgotten`). `wait=False`:
+        leave it if its lock is held (it is loading or unloading), so making room never waits on another load."""
+        if not wait and version.lock.locked():
+            return False
         async with version.lock:
             async with self.lock:
                 if version.state != "ready" or version.in_flight > 0:
@@ -182,11 +185,11 @@ class VersionTable:
         """Unload old versions nobody used for `keep_old_s`, and the least recently used beyond the engine's room."""
         now = time.monotonic() if now is None else now
         for version in self._idle_old(now, room=0):
-            await self.unload_if_idle(version)
+            await self.unload_if_idle(version, wait=False)
 
     async def _make_room(self) -> None:
         for version in self._idle_old(time.monotonic(), room=1):
-            await self.unload_if_idle(version)
+            await self.unload_if_idle(version, wait=False)
 
     def _idle_old(self, now: float, room: int) -> list[Version]:
         """Idle loaded versions that are not their model's newest and should leave: past their grace, or the least

@@ -30,8 +30,15 @@ class PipelineConfig(BaseModel):
     )
     eval_every_n_steps: int = Field(0, ge=0, description="Evaluate every N steps (0: never).")
     eval_at_start: bool = Field(False, description="Also evaluate the step the run starts from.")
+    eval_timeout_s: float | None = Field(
+        1800.0,
+        gt=0,
+        description="An evaluation still running after this is cancelled and logged as failed (None: no bound).",
+    )
     max_failed_groups: int = Field(
-        16, ge=1, description="Consecutive groups with no trajectory before the run stops on their error."
+        16,
+        ge=1,
+        description="Consecutive rollouts with no trajectory (raised, returned none) before the run stops on their error.",
     )
     max_zero_variance_groups: int | None = Field(
         None,

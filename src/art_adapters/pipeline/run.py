@@ -78,6 +78,7 @@ class Pipeline(Generic[S]):
         self._scenario_lock = asyncio.Lock()
         self._zero_variance: list[TrajectoryGroup] = []  # since the last step (ART's discard queue)
         self._failed_in_row = 0
+        self._draining: asyncio.Task[None] | None = None  # the evaluator, once training has ended
         self._rollout_idle_s = 0.0
         self._queue_wait_s = 0.0
         self._evals: asyncio.Queue[int | None] = asyncio.Queue()
@@ -112,7 +113,7 @@ class Pipeline(Generic[S]):
             self._schedule_eval(start)
         workers = [
             asyncio.create_task(self._worker(i), name=f"rollout worker {i}")
-            for i in range(self.pipeline.rollout_workers)
+            for i in range(self.pipeline.rollout_workers if self.pipeline.max_steps != 0 else 0)
         ]
         trainer = asyncio.create_task(self._trainer(start), name="trainer")
         evaluator = asyncio.create_task(self._evaluator(), name="evaluator")
@@ -121,6 +122,7 @@ class Pipeline(Generic[S]):
             self.model.merge_state(self.state.persisted(self.state.policy_version))
         finally:
             self.stop()
+            self._evals.put_nowait(None)  # the evaluator ends even if a cancellation were lost under it
             for task in (*workers, trainer, evaluator):
                 task.cancel()
             await asyncio.gather(*workers, trainer, evaluator, return_exceptions=True)
@@ -139,14 +141,23 @@ class Pipeline(Generic[S]):
                     self.stop()
                     error.add_note(f"raised in the pipeline's {task.get_name()}")
                     raise error
-        self._evals.put_nowait(
-            None
-        )  # evaluations already scheduled still run (as ART's), then the evaluator ends
-        await evaluator
+        # evaluations already scheduled still run (as ART's), then the evaluator ends; stop() skips them
+        self._evals.put_nowait(None)
+        self._draining = evaluator
+        if self._done:
+            evaluator.cancel()
+        try:
+            await evaluator
+        except asyncio.CancelledError:
+            if _being_cancelled():
+                raise
+            log.warning("stopped: the evaluations still scheduled were skipped")
 
     def stop(self) -> None:
         """Finish the step under way, then end the run (rollouts in flight are cancelled)."""
         self._done = True
+        if self._draining is not None:  # training has ended: only evaluations were left to wait for
+            self._draining.cancel()
         self._notify()
 
     def _notify(self) -> None:
@@ -160,7 +171,7 @@ class Pipeline(Generic[S]):
     async def _skip(self, offset: int) -> None:
         """Resume: skip the scenarios earlier runs consumed up to the step the backend holds."""
         for _ in range(offset):
-            if await anext(self.scenarios, None) is None:
+            if await anext(self.scenarios, SOURCE_DRY) is SOURCE_DRY:
                 log.warning("the scenarios ran out while skipping the %d a previous run consumed", offset)
                 break
             self.state.scenario_offset += 1
@@ -187,6 +198,7 @@ class Pipeline(Generic[S]):
     async def _worker(self, index: int) -> None:
         try:
             while True:
+                await asyncio.sleep(0)  # each pass yields, whatever the rollout did (one failing at once too)
                 idle_from = time.monotonic()
                 await self._until(lambda: self._done or self._exhausted or self._may_start())
                 if self._done or self._exhausted:
@@ -240,19 +252,34 @@ class Pipeline(Generic[S]):
             return scenario
 
     async def _rollout(self, index: int, scenario: Any) -> TrajectoryGroup | None:
+        """The rollout's group, or None (counted, logged) when it raised, returned something else or no trajectory
+        at all; `max_failed_groups` of those in a row end the run with the last one's error."""
         try:
             group = await self.rollout(self.model, scenario)
-        except Exception as error:  # a failing rollout never kills the run
-            self.state.rollout_errors += 1
-            log.warning("rollout worker %d: the rollout failed: %s: %s", index, type(error).__name__, error)
-            return None
+        except asyncio.CancelledError as error:
+            if _being_cancelled():
+                raise
+            return self._failed(index, error)  # a cancellation leaked out of the rollout: a failure like any
+        except Exception as error:
+            return self._failed(index, error)
         if not isinstance(group, TrajectoryGroup):
-            self.state.rollout_errors += 1
-            log.warning(
-                "rollout worker %d: the rollout returned %s, not a TrajectoryGroup", index, type(group)
-            )
-            return None
+            return self._failed(index, f"it returned {type(group).__name__}, not a TrajectoryGroup")
+        if not group.trajectories:
+            first = group.exceptions[0] if group.exceptions else None
+            return self._failed(index, f"{first.type}: {first.message}" if first else "an empty group")
+        self._failed_in_row = 0
         return group
+
+    def _failed(self, index: int, error: BaseException | str) -> None:
+        self.state.rollout_errors += 1
+        self._failed_in_row += 1
+        what = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+        log.warning("rollout worker %d: the rollout failed: %s", index, what)
+        if self._failed_in_row >= self.pipeline.max_failed_groups:
+            raise RuntimeError(
+                f"{self._failed_in_row} rollouts in a row produced no trajectory; the last: {what}"
+            )
+        return None
 
     # ---- the trainer --------------------------------------------------------------------------------------------
 
@@ -341,16 +368,8 @@ class Pipeline(Generic[S]):
 
     def _judge(self, group: TrajectoryGroup, step: int) -> str:
         """Whether a finished group trains this step: not all failed, not too stale, some reward signal."""
-        if not group.trajectories:
-            self._failed_in_row += 1
-            if self._failed_in_row >= self.pipeline.max_failed_groups and group.exceptions:
-                first = group.exceptions[0]
-                raise RuntimeError(
-                    f"{self._failed_in_row} groups in a row had no trajectory; the last one's first error: "
-                    f"{first.type}: {first.message}"
-                )
+        if not group.trajectories:  # refused by the worker already
             return "failed"
-        self._failed_in_row = 0
         check_not_future(group, self.state.policy_version)
         if group_version(group, step) < step - self.pipeline.max_steps_off_policy:
             self.state.discarded_stale_groups += 1
@@ -399,13 +418,29 @@ class Pipeline(Generic[S]):
             assert self.eval_fn is not None
             began = time.monotonic()
             try:
-                result = await self.eval_fn(self.model, step)
+                async with asyncio.timeout(
+                    self.pipeline.eval_timeout_s
+                ):  # not wait_for: 3.11's can lose a cancel
+                    result = await self.eval_fn(self.model, step)
                 timing: dict[str, float] | None = {"time/step_eval_s": time.monotonic() - began}
                 for split, groups in eval_splits(result).items():
                     await self.model.log(groups, split=split, step=step, metrics=timing)
                     timing = None
+            except asyncio.CancelledError as error:
+                if _being_cancelled():
+                    raise
+                self.eval_errors += 1  # a cancellation leaked out of eval_fn: a failure like any
+                log.warning("evaluation at step %d failed: %s", step, type(error).__name__)
+                continue
             except Exception as error:
                 self.eval_errors += 1
                 log.warning("evaluation at step %d failed: %s: %s", step, type(error).__name__, error)
                 continue
             self.state.completed_eval_steps.add(step)
+
+
+def _being_cancelled() -> bool:
+    """Whether this task is being cancelled (by the run's own shutdown), rather than a CancelledError leaking out
+    of user code it awaited."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

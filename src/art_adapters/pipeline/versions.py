@@ -41,7 +41,9 @@ def sampled_spans(trajectory: Trajectory, names: set[str]) -> Iterator[tuple[int
         spans = _extra(item, "policy_token_spans") or []
         tokens = len(_extra(item, "token_ids") or []) or 1
         if version is not None and not spans:
-            yield int(version), tokens
+            served = _extra(item, "served_model")  # set by our capture; a hand-made Choice has none
+            if served is None or _own(served, names):
+                yield int(version), tokens
             continue
         for span in spans:
             try:
