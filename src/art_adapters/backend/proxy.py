@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..calls import KEY_SCOPE_HEADER
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
-from ..inference.requests import RequestLimits, RequestRejected, parse_request
+from ..inference.requests import RequestLimits, RequestRejected, parse_request, read_body
 from ..untrusted import is_loopback, parse_step
 from .base import InferenceEndpoint
 
@@ -42,8 +42,10 @@ class Guard:
         max_body_bytes: int,
         inference_key: str | None = None,
         allowed_hosts: Iterable[str] = (),
+        inference_max_body_bytes: int | None = None,
     ) -> None:
         self.app = app
+        self.inference_max_body_bytes = inference_max_body_bytes  # `/v1/*`: an inference request's own bound
         self.key = api_key.encode() if api_key else None
         self.inference_key = inference_key.encode() if inference_key else None
         self.max_body_bytes = max_body_bytes
@@ -78,9 +80,12 @@ class Guard:
         if role == "inference" and not str(scope.get("path", "")).startswith("/v1/"):
             await _send_json(send, 403, {"detail": "the inference key only opens /v1/* (inference) routes"})
             return
+        limit = self.max_body_bytes
+        if str(scope.get("path", "")).startswith("/v1/") and self.inference_max_body_bytes is not None:
+            limit = min(limit, self.inference_max_body_bytes)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _send_json(send, 413, {"detail": f"request body over the {self.max_body_bytes}-byte limit"})
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _send_json(send, 413, {"detail": f"request body over the {limit}-byte limit"})
             return
         seen = 0
 
@@ -89,8 +94,8 @@ class Guard:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise HTTPException(413, f"request body over the {self.max_body_bytes}-byte limit")
+                if seen > limit:
+                    raise HTTPException(413, f"request body over the {limit}-byte limit")
             return message
 
         if role == "admin" and self.key is not None:
@@ -233,7 +238,7 @@ class InferenceProxy:
         if path not in INFERENCE_PATHS or request.method != "POST":
             return openai_error(404, f"/v1/{path} is not served here (inference routes only)", "not_found")
         try:
-            payload = parse_request(await request.body(), self.limits)
+            payload = parse_request(await read_body(request, self.limits.max_body_bytes), self.limits)
         except RequestRejected as error:
             return openai_error(error.status, str(error))
         except ClientDisconnect:  # gone before its body arrived: nobody to answer

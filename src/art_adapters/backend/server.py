@@ -217,6 +217,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         inference_key=inference_key,
         allowed_hosts=hosts - {""},
+        inference_max_body_bytes=proxy.limits.max_body_bytes,
     )
     app.state.art = state
 

@@ -121,7 +121,7 @@ class RecordingEndpoint:
         return Starlette(routes=routes)
 
     async def _forward(self, request: Any, scratch: Trajectory | None = None) -> Any:
-        from starlette.responses import StreamingResponse
+        from starlette.responses import Response, StreamingResponse
 
         admitted = await self._admit(request, scratch)
         if not isinstance(admitted, tuple):
@@ -138,12 +138,28 @@ class RecordingEndpoint:
         token = CURRENT.set(trajectory)
         try:
             with role(request.headers["x-art-role"]) if request.headers.get("x-art-role") else _nothing():
-                response = await self._client.send(upstream, stream=True)
-        except httpx.HTTPError as error:
-            message = f"the model's endpoint {self.upstream} did not answer: {type(error).__name__}: {error}"
-            return _error(502, message)
+                sending = asyncio.ensure_future(self._client.send(upstream, stream=True))  # in this context
         finally:
             CURRENT.reset(token)
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait({sending, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not sending.done():  # the agent hung up first (or we are cancelled): the upstream stops for it
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+        if sending.cancelled():
+            return Response(status_code=499)
+        try:
+            response = sending.result()
+        except httpx.HTTPError as error:
+            shown = _shown(self.upstream)
+            detail = str(error).replace(self.upstream, shown)
+            secret = httpx.URL(self.upstream).password
+            detail = detail.replace(secret, "***") if secret else detail
+            message = f"the model's endpoint {shown} did not answer: {type(error).__name__}: {detail}"
+            return _error(502, message)
         if response.headers.get(KEY_SCOPE_HEADER) == "admin":
             await response.aclose()
             self._refused = _ADMIN_KEY
@@ -327,3 +343,15 @@ class _nothing:  # noqa: N801 - a null context manager
 
 
 __all__ = ["RecordingEndpoint"]
+
+
+async def _disconnected(receive: Any) -> None:
+    """Returns when the client hangs up (its body was read already: the next ASGI message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _shown(url: str) -> str:
+    """An upstream URL as an error may show it: no credentials, no query (a key can sit in either)."""
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 TRAJECTORY_HEADER, GROUP_HEADER = "x-art-trajectory", "x-art-group"
 MAX_REWARD_BODY = 64 * 1024
 MAX_REWARD_FIELDS = 64
+# A request with more messages than this starts a trajectory of its own instead of being matched to an open one
+# (matching is linear in the messages, and runs on the server's event loop).
+MAX_CHAINED_MESSAGES = 4096
 
 
 @dataclass
@@ -82,8 +85,10 @@ class LiveRecorder:
         named = request.headers.get(TRAJECTORY_HEADER)
         try:
             body = json.loads(raw or b"{}")
+        except RecursionError:
+            return JSONResponse({"error": {"message": "request body nested too deeply"}}, status_code=400)
         except ValueError:
-            body = {}
+            body = {}  # the forward answers it
         messages = body.get("messages") if isinstance(body, dict) else None
         try:
             trajectory_id = check_id(named) if named else self._conversation(messages)
@@ -129,10 +134,10 @@ class LiveRecorder:
 
     def _conversation(self, messages: Any) -> str:
         """The open trajectory this conversation continues, or a new id."""
-        if isinstance(messages, list):
-            keys = [message_key(m) for m in messages if isinstance(m, dict)]
-            for end in range(len(keys) - 1, 0, -1):
-                found = self._conversations.get(_digest(keys[:end]))
+        if isinstance(messages, list) and len(messages) <= MAX_CHAINED_MESSAGES:
+            digests = _prefix_digests([message_key(m) for m in messages if isinstance(m, dict)])
+            for digest in reversed(digests[:-1]):  # the longest earlier prefix first
+                found = self._conversations.get(digest)
                 if found is not None:
                     return found
         return secrets.token_hex(16)
@@ -147,7 +152,9 @@ class LiveRecorder:
                 self.recorded += 1
                 answer = call.response_message()
                 if isinstance(messages, list) and answer is not None:
-                    key = _digest([message_key(m) for m in [*messages, answer] if isinstance(m, dict)])
+                    key = _prefix_digests(
+                        [message_key(m) for m in [*messages, answer] if isinstance(m, dict)]
+                    )[-1]
                     self._conversations[key] = trajectory_id
                     self._conversations.move_to_end(key)
                     while len(self._conversations) > self.max_conversations:
@@ -201,13 +208,21 @@ class LiveRecorder:
         return answer(200, trajectory_id=trajectory_id, status=outcome)
 
 
-def _digest(keys: list[Any]) -> str:
-    return hashlib.sha1(repr(keys).encode()).hexdigest()
+def _prefix_digests(keys: list[Any]) -> list[str]:
+    """The digest of every prefix of `keys` (`[i]`: of `keys[: i + 1]`), chained so all of them cost one pass."""
+    out: list[str] = []
+    digest = ""
+    for key in keys:
+        digest = hashlib.sha1(f"{digest}\0{key!r}".encode()).hexdigest()
+        out.append(digest)
+    return out
 
 
 def _reward_body(raw: bytes) -> tuple[float, dict[str, float], dict[str, Any]]:
     try:
         body = json.loads(raw or b"{}")
+    except RecursionError:
+        raise ValueError("the body is nested too deeply") from None
     except ValueError as error:
         raise ValueError(f"the body is not JSON: {error}") from error
     if not isinstance(body, dict) or "reward" not in body:

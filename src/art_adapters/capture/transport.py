@@ -176,12 +176,12 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
         payload = None
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
-        if (
-            options.request_token_ids and trajectory is not None
-        ):  # our backend: keep the rollout on one engine
-            request.headers[ROLLOUT_HEADER] = rollout_key(trajectory)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
+        if (
+            options.request_token_ids and trajectory is not None
+        ):  # our backend: the rollout stays on one engine
+            request.headers[ROLLOUT_HEADER] = rollout_key(trajectory)
         exchange = (
             Exchange(trajectory, request, body, payload, options.logprobs_mode, kind)
             if trajectory is not None
@@ -245,12 +245,12 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
         payload = None
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
-        if (
-            options.request_token_ids and trajectory is not None
-        ):  # our backend: keep the rollout on one engine
-            request.headers[ROLLOUT_HEADER] = rollout_key(trajectory)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
             payload = _json_or_none(body)
+        if (
+            options.request_token_ids and trajectory is not None
+        ):  # our backend: the rollout stays on one engine
+            request.headers[ROLLOUT_HEADER] = rollout_key(trajectory)
         exchange = (
             Exchange(trajectory, request, body, payload, options.logprobs_mode, kind)
             if trajectory is not None

@@ -38,7 +38,7 @@ from ..calls import SERVED_HEADER, VERSION_HEADER
 from ..http_limits import ConnectionLimits, uvicorn_config
 from .forward import Forwarded, end_to_end_headers, openai_error
 from .process import find_free_port
-from .requests import RequestLimits, RequestRejected, parse_request
+from .requests import RequestLimits, RequestRejected, parse_request, read_body
 from .routing import DP_RANK_HEADER, ROLLOUT_HEADER, route
 from .versions import ServedModel, Version, VersionTable
 from .vllm_server import InferenceServerError, VLLMServer
@@ -245,9 +245,8 @@ class Gateway:
         if path not in INFERENCE_PATHS:
             return openai_error(404, f"/v1/{path} is not served here (inference routes only)", "not_found")
         try:
-            payload = parse_request(
-                await request.body(), self.limits, context_tokens=self.server.config.max_model_len
-            )
+            body = await read_body(request, self.limits.max_body_bytes)
+            payload = parse_request(body, self.limits, context_tokens=self.server.config.max_model_len)
         except RequestRejected as error:
             return openai_error(error.status, str(error))
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
@@ -280,7 +279,12 @@ class Gateway:
             await self.table.ensure_loaded(version)  # an older version asked for by name: loaded again
         except (InferenceServerError, ValueError, OSError) as error:
             self._ended(model, version)
-            return openai_error(404, f"model {requested!r} cannot be served: {error}", "not_found")
+            log.warning(
+                "could not load %s for a request: %s", version.adapter, error
+            )  # paths stay in the log
+            return openai_error(
+                404, f"model {requested!r} cannot be served (its adapter did not load)", "not_found"
+            )
         payload["model"] = version.adapter
         headers = {k: v for k, v in end_to_end_headers(request.headers).items() if k != DP_RANK_HEADER}
 

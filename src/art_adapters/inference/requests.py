@@ -50,6 +50,22 @@ class RequestRejected(ValueError):
         self.status = status
 
 
+async def read_body(request: Any, limit: int) -> bytes:
+    """A Starlette request's body, refused (413) at a declared length over `limit`, or as soon as the bytes that
+    arrive pass it: never buffered whole first."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise RequestRejected(413, f"request body over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestRejected(413, f"request body over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def parse_request(body: bytes, limits: RequestLimits, *, context_tokens: int | None = None) -> dict[str, Any]:
     """The request's JSON object, checked: size, nesting depth, `model` a string, `n`/`best_of` and output length
     within the limits (`context_tokens`: the engine's context length, the output bound of a request that gives
