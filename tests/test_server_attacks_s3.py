@@ -152,3 +152,32 @@ async def test_one_bad_key_breaks_no_pull(
     assert all((folder / name).is_dir() for name in ("checkpoints", "trajectories"))
     ours = [r.getMessage() for r in caplog.records if r.name == "art_adapters.backend.s3"]
     assert len(ours) == 1 and f"{PREFIX}{key}' refused: {why}" in ours[0], ours
+
+
+def test_a_local_place_that_cannot_take_a_file_skips_that_file_alone(
+    s3_server: object, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A local folder where the bucket has a file (or a file where it has a folder) failed the pull at that file,
+    after the files before it had landed, and left its `.part` behind. Now that file or checkpoint is skipped
+    with a warning, nothing local is overwritten, and the rest arrives."""
+    a_model_in_the_bucket(s3_server)
+    put(s3_server, f"{PREFIX}notes.txt", b"remote notes")
+    put(s3_server, f"{PREFIX}logs/run.log", b"remote log")
+    a_checkpoint(s3_server, "0002")
+    folder = tmp_path / "agent-001"
+    (folder / "notes.txt").mkdir(parents=True)  # a folder where the bucket has a file
+    (folder / "notes.txt/mine").write_text("local")
+    (folder / "logs").write_text("a local file where the bucket has a folder")
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints/0002").write_text("a local file where the bucket has a checkpoint")
+    with caplog.at_level(logging.WARNING, logger="art_adapters.backend.s3"):
+        received = s3.pull(folder, s3.S3Location.of("2048", "agent-001", BUCKET, "runs"))
+    assert files_under(folder) == GOOD | {"notes.txt/mine", "logs", "checkpoints/0002"}  # no partial file
+    assert (folder / "notes.txt/mine").read_text() == "local"
+    assert (folder / "logs").read_text().startswith("a local file")
+    assert (folder / "checkpoints/0002").read_text().startswith("a local file")
+    assert not any(p.name.startswith(".") for p in folder.rglob("*"))  # no staging folder or `.part` left
+    skipped = " ".join(r.getMessage() for r in caplog.records if r.name == "art_adapters.backend.s3")
+    for name in ("notes.txt", "logs/run.log", "checkpoints/0002"):
+        assert f"{PREFIX}{name}' skipped: its local place cannot take it" in skipped, skipped
+    assert sorted(received) == sorted(GOOD)  # what was skipped is not reported received

@@ -195,7 +195,9 @@ def pull(
     delete: bool = False,
 ) -> list[str]:
     """Download what differs locally: every file (or, with `step`, that one checkpoint). A checkpoint lands whole
-    or not at all; an incomplete one in the bucket is skipped. Returns the paths received."""
+    or not at all; an incomplete one in the bucket is skipped. A file or checkpoint whose local place cannot take
+    it (a folder or file already in the way) is skipped with a warning, nothing of it left behind; a store that
+    fails raises S3SyncError. Returns the paths received."""
     s3 = client()
     remote = remote_files(s3, location)
     if not remote and step is None:
@@ -226,10 +228,17 @@ def pull(
         if not changed:
             continue
         if folder:  # a checkpoint: fetched beside its place, then renamed in whole
-            received += _pull_checkpoint(s3, location, model_dir, folder, files, remote)
+            try:
+                received += _pull_checkpoint(s3, location, model_dir, folder, files, remote)
+            except OSError as error:
+                log.warning("S3 checkpoint %r skipped: %s", location.uri(folder), _local_failure(error))
         else:
             for relative in changed:
-                _download(s3, location, relative, local_destination(model_dir, relative))
+                try:
+                    _download(s3, location, relative, local_destination(model_dir, relative))
+                except OSError as error:
+                    log.warning("S3 object %r skipped: %s", location.uri(relative), _local_failure(error))
+                    continue
                 received.append(relative)
     if delete and step is None:
         local = _local_files(model_dir, exclude)
@@ -314,14 +323,25 @@ def _pull_checkpoint(
 
 
 def _download(s3: Any, location: S3Location, relative: str, destination: Path) -> None:
+    """The object into a hidden short-named file beside `destination`, renamed onto it once whole. A local place
+    that cannot take it raises OSError, a store that fails S3SyncError; either way no partial file stays."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(f".{destination.name}.part")
+    handle, name = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=destination.parent)
+    os.close(handle)
+    partial = Path(name)
     try:
-        s3.download_file(location.bucket, location.prefix + relative, str(partial))
-    except Exception as error:
+        try:
+            s3.download_file(location.bucket, location.prefix + relative, str(partial))
+        except Exception as error:
+            raise _clear(error, location) from error
+        os.replace(partial, destination)
+    finally:
         partial.unlink(missing_ok=True)
-        raise _clear(error, location) from error
-    os.replace(partial, destination)
+
+
+def _local_failure(error: OSError) -> str:
+    where = f": {error.filename}" if error.filename else ""
+    return f"its local place cannot take it ({error.strerror or type(error).__name__}{where})"
 
 
 def _local_files(model_dir: Path, exclude: list[Excludable] | None) -> dict[str, Path]:
