@@ -89,6 +89,22 @@ def test_store_rewards_claims_and_retention(store: TrajectoryStore) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "look_alike", ["\u043erder-17", "\uff4frder-17", "order-\u00b9\u2077", "\u00c3\u00a9", "order\u200b-17"]
+)
+def test_trajectory_ids_are_ascii_only(store: TrajectoryStore, look_alike: str) -> None:
+    """`str.isalnum()` let a Cyrillic `о`, a fullwidth `ｏ` or superscript digits through: ids that look like
+    `order-17` yet are other trajectories (and a header's latin-1 bytes named another id than its UTF-8 path)."""
+    store.add_call("order-17", call("a"))
+    store.add_call("Run_2.b-3", call("b"))  # ASCII letters, digits and - _ . stay accepted
+    with pytest.raises(ValueError, match="ASCII characters of A-Z a-z 0-9 - _ ."):
+        store.add_call(look_alike, call("x"))
+    with pytest.raises(ValueError, match="ASCII"):
+        store.set_reward(look_alike, 1.0)
+    assert store.counts()["trajectories"] == 2 and store.counts()["calls"] == 2  # the refusal lost nothing
+    assert store.get("order-17") is not None and len(store.get("order-17").llm_calls) == 1
+
+
 def test_two_trainers_never_claim_the_same_trajectory(store: TrajectoryStore, tmp_path: Path) -> None:
     for k in range(40):
         store.add_call(f"t{k}", call(str(k)))

@@ -1,9 +1,13 @@
 """OpenTelemetry GenAI spans as Trajectories: OTLP/JSON files, and our OTLP/HTTP endpoint fed by the real
-OpenTelemetry SDK exporter (protobuf) and by plain JSON posts; its bounds and its key."""
+OpenTelemetry SDK exporter (protobuf) and by plain JSON posts; its bounds (gzip bombs too), its key, and without a
+key its loopback-only Host and Origin rule."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +15,7 @@ import httpx
 import pytest
 
 from art_adapters.tracing.otel_genai import read_otlp
+from art_adapters.tracing.otlp import OTLPError, OTLPTooLarge, decode_request
 from art_adapters.tracing.otlp_endpoint import OTLPEndpoint
 
 
@@ -193,3 +198,91 @@ def test_endpoint_bounds_and_keys() -> None:
         assert post('{"resourceSpans": [{"scopeSpans": [{"spans": [{}]}]}]}', **ok).status_code == 400
         assert post(b"\x00garbage", **{**ok, "content-type": "application/x-protobuf"}).status_code == 400
         assert len(endpoint.trajectories()) == 2 and endpoint.rejected == 5
+
+
+def gzip_bomb(unpacked_mib: int) -> bytes:
+    """`unpacked_mib` MiB of spaces as one gzip member of a few KiB, made without holding the spaces."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b" " * 2**20
+    return b"".join(packer.compress(block) for _ in range(unpacked_mib)) + packer.flush()
+
+
+def test_a_gzip_bomb_unpacks_no_further_than_the_limit() -> None:
+    """`gzip.decompress` had no bound: 64 MiB of spaces in ~64 KiB of gzip were all held before JSON refused them
+    (16 MiB, the body limit, became 16 GiB). Now the unpacking stops one byte past the limit."""
+    bomb = gzip_bomb(64)
+    assert len(bomb) < 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(OTLPTooLarge, match="decompresses to over 1048576 bytes"):
+            decode_request(bomb, "application/json", "gzip", max_bytes=2**20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, f"{peak} bytes held while refusing a 64 MiB gzip bomb"
+    body = json.dumps(export_request([span(TRACE, "b" * 16, None, "chat", 1, CURRENT)])).encode()
+    packed = (
+        gzip.compress(body) + b"\x00" * 4 + gzip.compress(b" ")
+    )  # padding and members, as gzip reads them
+    assert len(decode_request(packed, "application/json", "gzip", max_bytes=len(body) + 1)) == 1
+    with pytest.raises(OTLPTooLarge):
+        decode_request(packed, "application/json", "gzip", max_bytes=len(body))
+    for broken in (gzip.compress(body)[:-9], gzip.compress(body) + b"junk", b"\x1f\x8bnot gzip"):
+        with pytest.raises(OTLPError, match="gzip body does not decompress"):
+            decode_request(broken, "application/json", "gzip")
+
+
+def test_endpoint_refuses_a_gzip_bomb_with_413_and_keeps_serving() -> None:
+    body = json.dumps(export_request([span(TRACE, "b" * 16, None, "chat", 1, CURRENT)])).encode()
+    with OTLPEndpoint(max_body_bytes=64 * 2**10) as endpoint:
+        json_type = {"content-type": "application/json"}
+        for headers in (
+            {**json_type, "content-encoding": "gzip"},
+            json_type,
+        ):  # declared, or found by its magic
+            refused = httpx.post(endpoint.url, content=gzip_bomb(16), headers=headers, timeout=30)
+            assert refused.status_code == 413 and "decompresses to over 65536 bytes" in refused.text
+        packed = gzip.compress(body)
+        ok = httpx.post(
+            endpoint.url, content=packed, headers={**json_type, "content-encoding": "gzip"}, timeout=30
+        )
+        assert ok.status_code == 200
+        assert len(endpoint.trajectories()) == 1 and endpoint.rejected == 2
+
+
+def test_a_keyless_endpoint_answers_only_requests_that_name_loopback() -> None:
+    """A web page whose DNS name was rebound to 127.0.0.1 (its Host and Origin are its own name) posted spans to
+    the keyless endpoint; `serve`'s rule now holds here too: Host, and Origin when sent, name loopback."""
+    body = json.dumps(export_request([span(TRACE, "b" * 16, None, "chat", 1, CURRENT)]))
+    json_type = {"content-type": "application/json"}
+    with OTLPEndpoint() as endpoint:
+
+        def post(**headers: str) -> httpx.Response:
+            return httpx.post(endpoint.url, content=body, headers={**json_type, **headers}, timeout=10)
+
+        for refused in (
+            {"host": "evil.example"},
+            {"host": f"evil.example:{endpoint.port}"},
+            {"origin": "http://evil.example"},
+            {"origin": "null"},  # a sandboxed frame or a file:// page
+            {"host": "[::1"},  # does not parse: names nothing
+        ):
+            answer = post(**refused)
+            assert answer.status_code == 403 and "Host or Origin" in answer.text, refused
+        assert endpoint.trajectories() == [] and endpoint.rejected == 5
+        for accepted in (
+            {},
+            {"host": f"localhost:{endpoint.port}"},
+            {"origin": f"http://127.0.0.1:{endpoint.port}"},
+            {"host": "[::1]", "origin": "https://localhost"},
+        ):
+            assert post(**accepted).status_code == 200, accepted
+        assert len(endpoint.trajectories()) == 4
+    with OTLPEndpoint(api_key="k3y") as keyed:  # a key is the check: any name may reach it, as serve's
+        answer = httpx.post(
+            keyed.url,
+            content=body,
+            headers={**json_type, "host": "otlp.internal", "authorization": "Bearer k3y"},
+            timeout=10,
+        )
+        assert answer.status_code == 200

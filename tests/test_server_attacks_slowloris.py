@@ -1,5 +1,5 @@
 """Slowloris against every server we run (`serve` in its own process, the inference gateway, the recording
-endpoint): half-sent requests never timed out and connections were not capped (300 stayed open after 45 s; file
+endpoint, the OTLP endpoint): half-sent requests never timed out and connections were not capped (300 stayed open after 45 s; file
 descriptors exhausted there starve checkpoint writes). With small limits set for the test, a connection over the
 cap is answered 503, a head or body that stops arriving is closed, and the server keeps answering.
 
@@ -24,6 +24,7 @@ from art_adapters.capture.endpoint import RecordingEndpoint
 from art_adapters.http_limits import ConnectionLimits
 from art_adapters.inference.config import InferenceConfig
 from art_adapters.inference.gateway import Gateway
+from art_adapters.tracing.otlp_endpoint import OTLPEndpoint
 from test_remote_backend import free_port
 
 KEY = "slow-key"
@@ -136,6 +137,13 @@ def test_the_recording_endpoint() -> None:
     with RecordingEndpoint("http://127.0.0.1:9/v1", limits=LIMITS) as endpoint:
         attack(endpoint.port)
         still_answers(f"{endpoint.base_url}/chat/completions")
+
+
+def test_the_otlp_endpoint() -> None:
+    """It was a plain uvicorn.Config: a half-sent head held its connection open for good."""
+    with OTLPEndpoint(api_key=KEY, limits=LIMITS) as endpoint:
+        attack(endpoint.port)
+        still_answers(endpoint.url)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 COMPLETE = ("adapter_config.json", "adapter_model.safetensors")  # a checkpoint exists once both do
 LAST = "adapter_config.json"  # uploaded last: its presence says the rest arrived
+FOLDERS = ("checkpoints", "logs", "trajectories")  # the model folder's own folders: never a file of that name
+FILES = ("history.jsonl",)  # and its own files: never a folder of that name
+NAME_MAX = 255  # bytes in one file or folder name (ext4, XFS, APFS, NTFS...)
 Excludable = Literal["checkpoints", "logs", "trajectories"]
 
 
@@ -67,8 +70,11 @@ def client() -> Any:
 
 def remote_files(s3: Any, location: S3Location) -> dict[str, dict[str, Any]]:
     """Every object under the model's folder that may become a local file: relative path -> its size and ETag.
-    A key with an empty, `.` or `..` segment (`../../x`, an absolute tail after `//`) is left out, with a
-    warning naming it: a shared bucket never writes outside the model's folder, and one bad key breaks no pull."""
+    A key with an empty, `.` or `..` segment (`../../x`, an absolute tail after `//`), a name longer than a file
+    system takes, or a path the model folder's own layout needs otherwise (a file `checkpoints`, a folder
+    `history.jsonl`; a name that is both a file and a folder in the bucket: the file stands) is left out, with a
+    warning naming it and why: a shared bucket never writes outside the model's folder, and one bad key breaks no
+    pull."""
     files: dict[str, dict[str, Any]] = {}
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(
@@ -76,7 +82,7 @@ def remote_files(s3: Any, location: S3Location) -> dict[str, dict[str, Any]]:
         ):
             for item in page.get("Contents", []):
                 relative = item["Key"][len(location.prefix) :]
-                problem = relative_key_problem(relative)
+                problem = relative_key_problem(relative) or layout_problem(relative)
                 if problem is not None:
                     if not (relative.endswith("/") and item["Size"] == 0):  # a console "folder" is no file
                         log.warning("S3 object %r refused: %s", item["Key"], problem)
@@ -84,7 +90,39 @@ def remote_files(s3: Any, location: S3Location) -> dict[str, dict[str, Any]]:
                 files[relative] = {"size": item["Size"], "etag": item["ETag"].strip('"')}
     except Exception as error:
         raise _clear(error, location) from error
+    for relative in sorted(files):
+        parts = relative.split("/")
+        through = next(
+            ("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in files), None
+        )
+        if through is not None:
+            log.warning(
+                "S3 object %r refused: its path runs through %r, which is a file in the bucket",
+                location.prefix + relative,
+                location.prefix + through,
+            )
+            del files[relative]
     return files
+
+
+def layout_problem(relative: str) -> str | None:
+    """Why a key (relative to a model's folder, its segments already checked) cannot be a local file of it, or
+    None: a name longer than file systems take, or a path where the folder's own layout needs something else."""
+    parts = relative.split("/")
+    for part in parts:
+        try:
+            size = len(os.fsencode(part))
+        except UnicodeEncodeError:
+            return "a name the local file system cannot encode"
+        if size > NAME_MAX:
+            return f"a name of {size} bytes (file systems take at most {NAME_MAX})"
+    if len(parts) == 1 and parts[0] in FOLDERS:
+        return f"a file where the model folder's {parts[0]}/ folder must be"
+    if len(parts) > 1 and parts[0] in FILES:
+        return f"a path through {parts[0]}, which is the model folder's own file"
+    if len(parts) == 2 and parts[0] == CHECKPOINTS and parse_step(parts[1]) is not None:
+        return f"a file where checkpoint {parts[1]}'s folder must be"
+    return None
 
 
 def checkpoint_step(relative: str) -> int | None:
@@ -157,7 +195,9 @@ def pull(
     delete: bool = False,
 ) -> list[str]:
     """Download what differs locally: every file (or, with `step`, that one checkpoint). A checkpoint lands whole
-    or not at all; an incomplete one in the bucket is skipped. Returns the paths received."""
+    or not at all; an incomplete one in the bucket is skipped. A file or checkpoint whose local place cannot take
+    it (a folder or file already in the way) is skipped with a warning, nothing of it left behind; a store that
+    fails raises S3SyncError. Returns the paths received."""
     s3 = client()
     remote = remote_files(s3, location)
     if not remote and step is None:
@@ -188,10 +228,17 @@ def pull(
         if not changed:
             continue
         if folder:  # a checkpoint: fetched beside its place, then renamed in whole
-            received += _pull_checkpoint(s3, location, model_dir, folder, files, remote)
+            try:
+                received += _pull_checkpoint(s3, location, model_dir, folder, files, remote)
+            except OSError as error:
+                log.warning("S3 checkpoint %r skipped: %s", location.uri(folder), _local_failure(error))
         else:
             for relative in changed:
-                _download(s3, location, relative, local_destination(model_dir, relative))
+                try:
+                    _download(s3, location, relative, local_destination(model_dir, relative))
+                except OSError as error:
+                    log.warning("S3 object %r skipped: %s", location.uri(relative), _local_failure(error))
+                    continue
                 received.append(relative)
     if delete and step is None:
         local = _local_files(model_dir, exclude)
@@ -276,14 +323,25 @@ def _pull_checkpoint(
 
 
 def _download(s3: Any, location: S3Location, relative: str, destination: Path) -> None:
+    """The object into a hidden short-named file beside `destination`, renamed onto it once whole. A local place
+    that cannot take it raises OSError, a store that fails S3SyncError; either way no partial file stays."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(f".{destination.name}.part")
+    handle, name = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=destination.parent)
+    os.close(handle)
+    partial = Path(name)
     try:
-        s3.download_file(location.bucket, location.prefix + relative, str(partial))
-    except Exception as error:
+        try:
+            s3.download_file(location.bucket, location.prefix + relative, str(partial))
+        except Exception as error:
+            raise _clear(error, location) from error
+        os.replace(partial, destination)
+    finally:
         partial.unlink(missing_ok=True)
-        raise _clear(error, location) from error
-    os.replace(partial, destination)
+
+
+def _local_failure(error: OSError) -> str:
+    where = f": {error.filename}" if error.filename else ""
+    return f"its local place cannot take it ({error.strerror or type(error).__name__}{where})"
 
 
 def _local_files(model_dir: Path, exclude: list[Excludable] | None) -> dict[str, Path]:

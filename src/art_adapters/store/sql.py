@@ -17,6 +17,8 @@ from ..calls import LLMCall
 from ..trajectories import Trajectory
 
 MAX_ID_LENGTH = 128
+# ASCII only: str.isalnum() also takes Cyrillic, fullwidth and superscript look-alikes, each a distinct id
+ID_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 class RewardConflict(ValueError):
@@ -27,9 +29,12 @@ def check_id(trajectory_id: str) -> str:
     if (
         not isinstance(trajectory_id, str)
         or not 0 < len(trajectory_id) <= MAX_ID_LENGTH
-        or not all(c.isalnum() or c in "-_." for c in trajectory_id)
+        or not all(c in ID_CHARACTERS for c in trajectory_id)
     ):
-        raise ValueError(f"a trajectory id is 1-{MAX_ID_LENGTH} characters of A-Z a-z 0-9 - _ . ")
+        raise ValueError(
+            f"a trajectory id is 1-{MAX_ID_LENGTH} ASCII characters of A-Z a-z 0-9 - _ . "
+            "(no other script's letters or digits)"
+        )
     return trajectory_id
 
 

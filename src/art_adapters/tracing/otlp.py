@@ -4,8 +4,8 @@ ids in hex, times in ns, attributes and event attributes as Python values."""
 from __future__ import annotations
 
 import base64
-import gzip
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,23 @@ class OTLPError(ValueError):
     """A body or file that is not an OTLP trace export request."""
 
 
-def decode_request(body: bytes, content_type: str = "application/json", encoding: str = "") -> list[Span]:
-    """The spans of one `ExportTraceServiceRequest` (JSON or protobuf by `content_type`)."""
+MAX_DECODED_BYTES = 16 * 2**20  # a request's body once gunzipped: the endpoint's default body limit
+
+
+class OTLPTooLarge(OTLPError):
+    """A gzip body that decompresses past the limit (a gzip bomb: 16 MiB of zeros is 16 GiB unpacked)."""
+
+
+def decode_request(
+    body: bytes,
+    content_type: str = "application/json",
+    encoding: str = "",
+    max_bytes: int = MAX_DECODED_BYTES,
+) -> list[Span]:
+    """The spans of one `ExportTraceServiceRequest` (JSON or protobuf by `content_type`). A gzip body is unpacked
+    a bounded piece at a time: past `max_bytes` it raises OTLPTooLarge, before the rest is ever unpacked."""
     if encoding.lower() == "gzip" or body[:2] == b"\x1f\x8b":
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError) as error:
-            raise OTLPError(f"gzip body does not decompress: {error}") from error
+        body = gunzip(body, max_bytes)
     if "protobuf" in content_type.lower():
         return spans_of(_protobuf_as_json(body), ids="base64")
     try:
@@ -30,6 +40,30 @@ def decode_request(body: bytes, content_type: str = "application/json", encoding
     except ValueError as error:
         raise OTLPError(f"not OTLP/JSON: {error}") from error
     return spans_of(data)
+
+
+def gunzip(body: bytes, max_bytes: int) -> bytes:
+    """`body` (one or more gzip members, as `gzip.decompress` reads) unpacked, never holding more than `max_bytes`
+    + 1 of output: OTLPTooLarge past it, OTLPError for a body that is not gzip or ends early."""
+    out = bytearray()
+    rest = body
+    while True:
+        unpacker = zlib.decompressobj(wbits=31)  # gzip header and trailer, checked
+        pending = rest
+        while not unpacker.eof:
+            try:
+                piece = unpacker.decompress(pending, max_bytes - len(out) + 1)
+            except zlib.error as error:
+                raise OTLPError(f"gzip body does not decompress: {error}") from error
+            out += piece
+            if len(out) > max_bytes:
+                raise OTLPTooLarge(f"gzip body decompresses to over {max_bytes} bytes")
+            if not piece and len(unpacker.unconsumed_tail) == len(pending):  # no progress: the input ran out
+                raise OTLPError("gzip body does not decompress: it ends before its last member does")
+            pending = unpacker.unconsumed_tail
+        rest = unpacker.unused_data.lstrip(b"\x00")  # zero padding between members, as gzip.decompress skips
+        if not rest:
+            return bytes(out)
 
 
 def read_files(paths: list[str | Path]) -> list[Span]:

@@ -1,5 +1,7 @@
 """An OTLP/HTTP trace endpoint (`POST /v1/traces`, JSON or protobuf, gzip or not) whose GenAI spans become
-Trajectories as their traces complete. Binds 127.0.0.1 by default; any other address needs an API key.
+Trajectories as their traces complete. Binds 127.0.0.1 by default; any other address needs an API key. Without
+a key a request must name loopback in `Host` (and in `Origin`, when a browser sends one), as `serve` asks: a web
+page whose name was rebound to 127.0.0.1 is refused. A body is bounded as sent and again as gunzipped.
 
     with OTLPEndpoint(on_trajectory=store.add) as endpoint:     # or collect: endpoint.trajectories()
         ... OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint.url your agent ...
@@ -9,28 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
+from ..http_limits import ConnectionLimits, uvicorn_config
 from ..redaction import Redactor, drop_secrets
 from ..trajectories import Trajectory
+from ..untrusted import is_loopback
 from ._foreign import RewardFn
 from .otel_genai import trajectories_from_spans
-from .otlp import OTLPError, Span, decode_request
+from .otlp import OTLPError, OTLPTooLarge, Span, decode_request
 
 log = logging.getLogger(__name__)
 
 
-def _loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
+def _names_loopback(host: str | None, origin: str | None) -> bool:
+    """Whether a request names loopback in `Host` and, if sent, in `Origin` (the rule of serve's keyless Guard);
+    a header that does not parse (`[::1`) names nothing."""
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        if host is not None and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+            return False
+        if origin is None:
+            return True
+        parsed = urlsplit(origin)
+        return parsed.scheme in ("http", "https") and is_loopback(parsed.hostname or "")
     except ValueError:
         return False
 
@@ -38,7 +47,9 @@ def _loopback(host: str) -> bool:
 class OTLPEndpoint:
     """Receives spans; a trace becomes a Trajectory once its root span arrives (or `complete_after_s` after its
     last span, rootless). At most `max_traces` incomplete traces are held (the oldest is completed early) and
-    `max_trajectories` finished ones wait in `trajectories()` when no `on_trajectory` takes them."""
+    `max_trajectories` finished ones wait in `trajectories()` when no `on_trajectory` takes them.
+    `max_body_bytes` bounds a body as sent and as gunzipped; `limits` the connections it serves (their number, and
+    deadlines for a request's head and body)."""
 
     def __init__(
         self,
@@ -53,16 +64,18 @@ class OTLPEndpoint:
         max_traces: int = 10_000,
         max_trajectories: int = 10_000,
         complete_after_s: float = 30.0,
+        limits: ConnectionLimits | None = None,
     ) -> None:
-        if not api_key and not _loopback(host):
+        if not api_key and not is_loopback(host):
             raise ValueError(f"an OTLP endpoint on {host!r} (beyond loopback) needs an api_key")
         self.host, self.port, self.api_key = host, port, api_key
         self.on_trajectory = on_trajectory
         self.reward, self.redact = reward, redact
         self.max_body_bytes, self.max_traces = max_body_bytes, max_traces
         self.max_trajectories, self.complete_after_s = max_trajectories, complete_after_s
+        self.limits = limits or ConnectionLimits()
         self.dropped = 0  # finished trajectories no one took (the buffer was full)
-        self.rejected = 0  # requests refused (bad key, body, type)
+        self.rejected = 0  # requests refused (bad key, Host or Origin, body, type)
         self._pending: OrderedDict[str, tuple[float, list[Span]]] = OrderedDict()
         self._done: list[Trajectory] = []
         self._lock = threading.Lock()
@@ -132,6 +145,10 @@ class OTLPEndpoint:
             self.rejected += 1
             return JSONResponse({"code": status, "message": message}, status_code=status)
 
+        if not self.api_key and not _names_loopback(
+            request.headers.get("host"), request.headers.get("origin")
+        ):
+            return refuse(403, "Host or Origin not allowed on this keyless endpoint")
         if self.api_key:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -150,7 +167,11 @@ class OTLPEndpoint:
             if len(body) > self.max_body_bytes:
                 return refuse(413, f"body over {self.max_body_bytes} bytes")
         try:
-            spans = decode_request(body, kind, request.headers.get("content-encoding", ""))
+            spans = decode_request(
+                body, kind, request.headers.get("content-encoding", ""), max_bytes=self.max_body_bytes
+            )
+        except OTLPTooLarge as error:
+            return refuse(413, str(error))
         except OTLPError as error:
             return refuse(400, str(error))
         await asyncio.to_thread(self.add_spans, spans)
@@ -170,10 +191,11 @@ class OTLPEndpoint:
                 probe.bind((self.host, 0))
                 self.port = int(probe.getsockname()[1])
         app = Starlette(routes=[Route("/v1/traces", self._receive, methods=["POST"])])
-        config = uvicorn.Config(
+        config = uvicorn_config(
             app,
             host=self.host,
             port=self.port,
+            limits=self.limits,
             log_level="warning",
             access_log=False,
             lifespan="off",
