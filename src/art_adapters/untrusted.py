@@ -11,6 +11,7 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 _DIGITS = frozenset("0123456789")
 MAX_STEP_DIGITS = 12  # a step number, not a 4,300-digit int() that raises
@@ -104,3 +105,23 @@ def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or value in {".", ".."}:
         raise ValueError(f"{kind} name {value!r} must match {NAME_PATTERN.pattern} (and not be '.' or '..')")
     return value
+
+
+def names_loopback(host: str | None, origin: str | None, allowed: Iterable[str] = ()) -> bool:
+    """Whether a request names this machine's loopback (or an `allowed` host) in `Host` and, if sent, in `Origin`:
+    what a keyless server answers, so a web page whose name was rebound to 127.0.0.1 is refused. A header that does
+    not parse (`[::1`) names nothing."""
+    names = {a.lower() for a in allowed}
+
+    def ok(hostname: str | None) -> bool:
+        return bool(hostname) and (hostname in names or is_loopback(hostname or ""))
+
+    try:
+        if host is not None and not ok(urlsplit(f"//{host}").hostname):
+            return False
+        if origin is None:
+            return True
+        parsed = urlsplit(origin)
+        return parsed.scheme in ("http", "https") and ok(parsed.hostname)
+    except ValueError:
+        return False

@@ -8,7 +8,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Request, Response
@@ -20,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..calls import KEY_SCOPE_HEADER
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
 from ..inference.requests import RequestLimits, RequestRejected, parse_request, read_body
-from ..untrusted import is_loopback, parse_step
+from ..untrusted import names_loopback, parse_step
 from .base import InferenceEndpoint
 
 
@@ -105,18 +104,12 @@ class Guard:
     def from_loopback(self, scope: Scope) -> bool:
         """Whether the request names a loopback host (or an allowed one) in `Host` and, if sent, in `Origin`."""
         headers = dict(scope.get("headers") or [])
-        host = headers.get(b"host")
-        if host is not None and not self._allowed(host.decode("latin-1")):
-            return False
-        origin = headers.get(b"origin")
-        if origin is None:
-            return True
-        parsed = urlsplit(origin.decode("latin-1"))
-        return parsed.scheme in ("http", "https") and self._allowed(parsed.netloc)
-
-    def _allowed(self, authority: str) -> bool:
-        host = urlsplit(f"//{authority}").hostname or ""
-        return host in self.allowed_hosts or is_loopback(host)
+        host, origin = headers.get(b"host"), headers.get(b"origin")
+        return names_loopback(
+            host.decode("latin-1") if host is not None else None,
+            origin.decode("latin-1") if origin is not None else None,
+            self.allowed_hosts,
+        )
 
 
 def _with_header(send: Send, name: bytes, value: bytes) -> Send:

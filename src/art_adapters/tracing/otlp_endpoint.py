@@ -17,31 +17,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..http_limits import ConnectionLimits, uvicorn_config
 from ..redaction import Redactor, drop_secrets
 from ..trajectories import Trajectory
-from ..untrusted import is_loopback
+from ..untrusted import is_loopback, names_loopback
 from ._foreign import RewardFn
 from .otel_genai import trajectories_from_spans
 from .otlp import OTLPError, OTLPTooLarge, Span, decode_request
 
 log = logging.getLogger(__name__)
-
-
-def _names_loopback(host: str | None, origin: str | None) -> bool:
-    """Whether a request names loopback in `Host` and, if sent, in `Origin` (the rule of serve's keyless Guard);
-    a header that does not parse (`[::1`) names nothing."""
-    try:
-        if host is not None and not is_loopback(urlsplit(f"//{host}").hostname or ""):
-            return False
-        if origin is None:
-            return True
-        parsed = urlsplit(origin)
-        return parsed.scheme in ("http", "https") and is_loopback(parsed.hostname or "")
-    except ValueError:
-        return False
 
 
 class OTLPEndpoint:
@@ -145,7 +130,7 @@ class OTLPEndpoint:
             self.rejected += 1
             return JSONResponse({"code": status, "message": message}, status_code=status)
 
-        if not self.api_key and not _names_loopback(
+        if not self.api_key and not names_loopback(
             request.headers.get("host"), request.headers.get("origin")
         ):
             return refuse(403, "Host or Origin not allowed on this keyless endpoint")
