@@ -323,3 +323,33 @@ def test_a_frozen_leader_is_declared_dead_when_its_heartbeat_stops() -> None:
     finally:
         trainer.close()
     assert all(p.poll() is not None for p in trainer._ranks.processes.values())
+
+
+def _declare_too_much(store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from art_adapters.training.parallel import Parallel, all_gather_bytes
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        parallel = Parallel(rank=0, world=1, local_rank=0, nodes=1, mesh=None, control=dist.group.WORLD)
+        try:
+            all_gather_bytes(b"x" * 100, parallel, limit=32)
+        except ConnectionError as error:
+            Path(out).write_text(str(error))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_join_refuses_a_declared_length_before_allocating_for_it(tmp_path: Path) -> None:
+    """Before a peer has proved the token, a length it declares past what the join exchanges is refused by every
+    process alike (a stranger at the master port could otherwise make every host allocate what it asks)."""
+    import multiprocessing
+
+    out = tmp_path / "error.txt"
+    process = multiprocessing.get_context("spawn").Process(
+        target=_declare_too_much, args=(str(tmp_path / "store"), str(out))
+    )
+    process.start()
+    process.join(120)
+    assert process.exitcode == 0 and "rank 0 declared 100 bytes where at most 32" in out.read_text()

@@ -149,11 +149,15 @@ def broadcast_bytes(payload: bytes | None, parallel: Parallel, *, src: int = 0, 
     return bytes(buffer.numpy().tobytes())
 
 
-def all_gather_bytes(payload: bytes, parallel: Parallel) -> list[bytes]:
-    """Every process's bytes, in rank order, on every process (control group)."""
+def all_gather_bytes(payload: bytes, parallel: Parallel, limit: int | None = None) -> list[bytes]:
+    """Every process's bytes, in rank order, on every process (control group). `limit`: refuse (on every process
+    alike) a length over it before allocating for it: what the join exchanges before a peer is authenticated."""
     size = torch.tensor([len(payload)], dtype=torch.long)
     sizes = [torch.zeros(1, dtype=torch.long) for _ in range(parallel.world)]
     dist.all_gather(sizes, size, group=parallel.control)
+    for rank, declared in enumerate(int(s.item()) for s in sizes):
+        if declared < 0 or (limit is not None and declared > limit):
+            raise ConnectionError(f"rank {rank} declared {declared} bytes where at most {limit} are expected")
     width = max(int(s.item()) for s in sizes)
     mine = torch.zeros(width, dtype=torch.uint8)
     mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else mine[:0]

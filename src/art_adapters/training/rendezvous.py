@@ -63,9 +63,9 @@ def facts(
 
 def check_group(parallel: Parallel, token: str, mine: dict[str, Any]) -> None:
     """Every process calls this right after joining; raises JoinRefused on every process when the group is wrong."""
-    nonces = all_gather_bytes(secrets.token_bytes(32), parallel)
+    nonces = all_gather_bytes(secrets.token_bytes(32), parallel, limit=32)
     transcript = b"".join(nonces)
-    proofs = all_gather_bytes(_proof(token, parallel.rank, transcript), parallel)
+    proofs = all_gather_bytes(_proof(token, parallel.rank, transcript), parallel, limit=64)
     per_node = parallel.world // parallel.nodes
     strangers = [
         f"rank {rank} (node {rank // per_node})"
