@@ -82,7 +82,10 @@ async def test_streamed_responses_logprobs_are_aligned_or_marked_missing(
     None (counted as missing by the trainer); never shifted onto later tokens."""
     async with registered_on(vllm_server, tmp_path, name="aligner", project="responses") as (_, model):
         client = model.openai_client()
-        options = {"max_output_tokens": 64, "temperature": 1.0, "extra_body": steer(tokenizer, text)}
+        # one seed for the three calls: where the text allows two tokenizations of equal bias (a space before a
+        # multi-byte character), each call samples the same one
+        steered = {**steer(tokenizer, text), "seed": 7}
+        options = {"max_output_tokens": 64, "temperature": 1.0, "extra_body": steered}
         async with art.capture() as trajectory:
             await client.responses.create(model=model.get_inference_name(), input="Say it.", **options)
             stream = await client.responses.create(
@@ -95,7 +98,7 @@ async def test_streamed_responses_logprobs_are_aligned_or_marked_missing(
                 messages=[{"role": "user", "content": "Say it."}],
                 max_tokens=64,
                 temperature=1.0,
-                extra_body=steer(tokenizer, text),
+                extra_body=steered,
             )
     json_call, stream_call, chat_call = trajectory.llm_calls
     ids = chat_call.completion_token_ids or []
