@@ -44,6 +44,12 @@ class WorkerSpec:
             f"--store={store}",
             f"--nodes={self.nodes}",
             f"--processes={self.processes}",
+            *self._model_flags(),
+        ]
+
+    def _model_flags(self) -> list[str]:
+        """What every process of the run must be started with alike (a joining host's command included)."""
+        return [
             f"--base-model={self.base_model}",
             f"--lora={self.lora.model_dump_json()}",
             f"--device={self.device}",
@@ -65,15 +71,7 @@ class WorkerSpec:
             f"--node-rank={node_rank}",
             f"--processes={self.processes}",
             f"--master={master}",
-            f"--base-model={self.base_model}",
-            f"--lora={self.lora.model_dump_json()}",
-            f"--device={self.device}",
-            f"--engine={self.engine}",
-            f"--seed={self.seed}",
-            f"--max-seq-len={self.max_seq_len}",
-            f"--activation-checkpointing={int(self.activation_checkpointing)}",
-            f"--collective-timeout={self.collective_timeout_s}",
-            f"--hsdp={int(self.hsdp)}",
+            *self._model_flags(),
         ]
         return shlex.join(argv)
 

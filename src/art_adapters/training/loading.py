@@ -10,18 +10,22 @@ import torch
 from ..config import LoRAConfig
 
 
+def lora_settings(lora: LoRAConfig) -> dict[str, Any]:
+    """Our LoRAConfig in the keywords PEFT's LoraConfig and Unsloth's get_peft_model share."""
+    return {
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.target_modules),
+        "modules_to_save": list(lora.modules_to_save) or None,
+        "bias": "none",
+    }
+
+
 def peft_config(lora: LoRAConfig) -> Any:
     from peft import LoraConfig
 
-    return LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        modules_to_save=list(lora.modules_to_save) or None,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    return LoraConfig(**lora_settings(lora), task_type="CAUSAL_LM")
 
 
 def load_tokenizer(base_model: str) -> Any:
@@ -57,12 +61,7 @@ def load_unsloth(
     )
     model = FastLanguageModel.get_peft_model(
         model,
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        modules_to_save=list(lora.modules_to_save) or None,
-        bias="none",
+        **lora_settings(lora),
         use_gradient_checkpointing="unsloth" if gradient_checkpointing else False,
         random_state=seed,
     )
