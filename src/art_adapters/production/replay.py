@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -55,22 +56,20 @@ def replay_scenarios(trajectories: Iterable[Trajectory], *, unique: bool = True)
             continue
         fixtures: dict[str, str] = {}
         for conversation in [messages, *(h.messages() for h in trajectory.additional_histories)]:
-            results = {m.get("tool_call_id"): m for m in conversation if m.get("role") == "tool"}
-            for message in conversation:
-                for call in message.get("tool_calls") or []:
-                    result = results.get(call.get("id"))
-                    function = call.get("function") or {}
-                    if result is not None:
-                        content = result.get("content")
-                        fixtures[call_key(function.get("name", ""), function.get("arguments"))] = (
-                            content if isinstance(content, str) else json.dumps(content)
-                        )
+            for call, result in recorded_results(conversation):
+                function = call.get("function") or {}
+                content = result.get("content")
+                fixtures.setdefault(
+                    call_key(function.get("name", ""), function.get("arguments")),
+                    content if isinstance(content, str) else json.dumps(content),
+                )
         final = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
         start = json.dumps([messages[: first_user + 1], trajectory.tools], sort_keys=True, default=str)
         if unique and start in seen:
             known = seen[start]
             known.fixtures = {**fixtures, **known.fixtures}
-            if math.isfinite(trajectory.reward) and trajectory.reward > (known.recorded_reward or -math.inf):
+            best = -math.inf if known.recorded_reward is None else known.recorded_reward  # 0.0 is a reward
+            if math.isfinite(trajectory.reward) and trajectory.reward > best:
                 known.recorded_reward = trajectory.reward
                 known.recorded_answer = None if final is None else str(final.get("content") or "")
             continue
@@ -86,6 +85,40 @@ def replay_scenarios(trajectories: Iterable[Trajectory], *, unique: bool = True)
         )
         seen[start] = out[-1]
     return out
+
+
+def recorded_results(conversation: list[Message]) -> list[tuple[dict[str, Any], Message]]:
+    """Each tool call of the conversation with the tool message that answered it. A call is answered in its own
+    turn (the tool messages after its assistant message, before the next one): by its id where that id names one
+    call of the turn, else by position among the turn's results left (providers that number ids per turn, such as
+    `call_0` every turn, or send none). A call no result answered is left out."""
+    pairs: list[tuple[dict[str, Any], Message]] = []
+    for index, message in enumerate(conversation):
+        if message.get("role") != "assistant":
+            continue
+        calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        if not calls:
+            continue
+        results: list[Message] = []
+        for later in conversation[index + 1 :]:
+            if later.get("role") == "assistant":
+                break
+            if later.get("role") == "tool":
+                results.append(later)
+        ids = Counter(c.get("id") for c in calls)
+        answered: dict[int, Message] = {}
+        for k, call in enumerate(calls):
+            if call.get("id") and ids[call.get("id")] == 1:
+                found = next((r for r in results if r.get("tool_call_id") == call.get("id")), None)
+                if found is not None:
+                    answered[k] = found
+                    results = [r for r in results if r is not found]
+        left = iter(results)
+        for k, call in enumerate(calls):
+            result = answered.get(k) or next(left, None)
+            if result is not None:
+                pairs.append((call, result))
+    return pairs
 
 
 def _tools_of(trajectory: Trajectory) -> list[dict[str, Any]] | None:
