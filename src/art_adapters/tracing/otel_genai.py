@@ -11,6 +11,7 @@ per-message events (`gen_ai.user.message`, `gen_ai.choice`, ...) and OpenLLMetry
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,7 @@ def trajectories_from_spans(
     redact: Redactor | None = drop_secrets,
 ) -> list[Trajectory]:
     """One Trajectory per trace holding inference spans. The reward: the numeric or boolean span attribute named
-    `reward` (any span of the trace), or `reward(attributes)` over all of them; a trace without one gets
+    `reward` (any span of the trace), or `reward(attributes)` over all of them; a trace without a finite one gets
     `missing_reward` (None: reward 0.0 and `metadata["reward_missing"] = True`)."""
     traces: dict[str, list[Span]] = {}
     for span in spans:
@@ -197,6 +198,8 @@ def trajectories_from_spans(
             },
         )
         value = rewarder(numbers)
+        if value is not None and not math.isfinite(value):  # NaN or infinity is no reward
+            value = None
         if value is None:
             value = missing_reward
             if value is None:
@@ -209,13 +212,20 @@ def trajectories_from_spans(
 
 
 def _numbers(spans: list[Span]) -> dict[str, float]:
+    """The spans' numeric and boolean attributes as numbers (the latest span's winning); a NaN or infinite value
+    (OTLP/JSON writes them as "NaN", "Infinity") or an integer past a float's range is not a number."""
     out: dict[str, float] = {}
     for span in sorted(spans, key=lambda s: s["end_ns"]):
         for key, value in span["attributes"].items():
             if isinstance(value, bool):
                 out[key] = 1.0 if value else 0.0
             elif isinstance(value, int | float) and not key.startswith("gen_ai."):
-                out[key] = float(value)
+                try:
+                    number = float(value)
+                except OverflowError:
+                    continue
+                if math.isfinite(number):
+                    out[key] = number
     return out
 
 

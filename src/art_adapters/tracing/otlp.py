@@ -39,6 +39,8 @@ def decode_request(
         data = json.loads(body)
     except ValueError as error:
         raise OTLPError(f"not OTLP/JSON: {error}") from error
+    except RecursionError as error:  # arrays or objects nested deeper than the parser goes
+        raise OTLPError("not OTLP/JSON: nested too deep") from error
     return spans_of(data)
 
 
@@ -74,18 +76,30 @@ def read_files(paths: list[str | Path]) -> list[Span]:
         text = Path(path).read_text(encoding="utf-8")
         try:
             spans += spans_of(json.loads(text))
-        except ValueError:
+        except (ValueError, RecursionError):
             for number, line in enumerate(text.splitlines(), 1):
                 if line.strip():
                     try:
                         spans += spans_of(json.loads(line))
-                    except ValueError as error:
+                    except (ValueError, RecursionError) as error:
                         raise OTLPError(f"{path} line {number}: not OTLP/JSON ({error})") from error
     return spans
 
 
 def spans_of(data: Any, ids: str = "hex") -> list[Span]:
-    """Flatten `{"resourceSpans": [...]}` into span dicts."""
+    """Flatten `{"resourceSpans": [...]}` into span dicts; OTLPError, naming the part, for anything else (a field of
+    the wrong type, a number or id that does not parse, values nested too deep)."""
+    try:
+        return _spans_of(data, ids)
+    except OTLPError:
+        raise
+    except RecursionError as error:
+        raise OTLPError("an OTLP trace export request nested too deep") from error
+    except (ValueError, TypeError, AttributeError, KeyError) as error:
+        raise OTLPError(f"not an OTLP trace export request: {type(error).__name__}: {error}") from error
+
+
+def _spans_of(data: Any, ids: str) -> list[Span]:
     if not isinstance(data, dict) or not isinstance(data.get("resourceSpans", []), list):
         raise OTLPError("an OTLP trace export request is an object with a 'resourceSpans' list")
     out: list[Span] = []
