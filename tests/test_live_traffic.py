@@ -192,7 +192,9 @@ def test_recording_endpoint_record_mode(tmp_path: Path) -> None:
         )
     trajectory = store.get(tid)
     assert trajectory.reward == 1.0 and trajectory.metadata["group"] == "faq"
-    assert len(trajectory.llm_calls) == 2 and trajectory.llm_calls[0].prompt_token_ids  # the engine's ids
+    assert len(trajectory.llm_calls) == 2 and trajectory.llm_calls[0].completion_token_ids  # the engine's ids
+    # the prompts held a secret: their ids (which spell it) were dropped with it
+    assert all(c.prompt_token_ids is None for c in trajectory.llm_calls)
     assert "abcdefghijklmnop" not in trajectory.model_dump_json()  # redacted before it was stored
     assert [m["role"] for m in trajectory.messages()] == ["system", "user", "assistant", "user", "assistant"]
 
