@@ -5,6 +5,7 @@ turned into rewards."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from ..calls import LLMCall, Message
 from ..trajectories import Trajectory
 
+log = logging.getLogger(__name__)
 ScoreValue = float | bool | str
 RewardFn = Callable[[dict[str, float]], "float | None"]
 _LANGCHAIN_ROLES = {
@@ -51,9 +53,12 @@ def chat_message(value: Any, default_role: str = "assistant") -> Message | None:
         value = {**kwargs, "type": (value.get("id") or ["", "ai"])[-1].replace("Message", "").lower()}
     role = value.get("role") or _LANGCHAIN_ROLES.get(str(value.get("type", "")).lower()) or default_role
     message: Message = {"role": role, "content": _text(value.get("content"))}
-    calls = value.get("tool_calls") or (value.get("additional_kwargs") or {}).get("tool_calls")
-    if calls:
-        message["tool_calls"] = [_tool_call(c) for c in calls]
+    extra = value.get("additional_kwargs")
+    calls = value.get("tool_calls") or (extra.get("tool_calls") if isinstance(extra, dict) else None)
+    if isinstance(calls, list):  # anything else (a string, a number) is no tool call
+        calls = [_tool_call(c) for c in calls if isinstance(c, dict)]
+        if calls:
+            message["tool_calls"] = calls
     if role == "tool" and value.get("tool_call_id"):
         message["tool_call_id"] = value["tool_call_id"]
     if value.get("name") and role != "assistant":
@@ -83,7 +88,8 @@ def answer_message(value: Any) -> Message | None:
     if isinstance(value, dict) and isinstance(value.get("choices"), list) and value["choices"]:
         value = value["choices"][0]
     if isinstance(value, dict) and isinstance(value.get("generations"), list):  # LangChain LLMResult
-        value = value["generations"][0][0] if value["generations"] and value["generations"][0] else None
+        first = value["generations"][0] if value["generations"] else None
+        value = first[0] if isinstance(first, list) and first else first
     if isinstance(value, list):
         value = value[0] if value else None
     return chat_message(value, "assistant")
@@ -101,10 +107,10 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
         return call
     arguments = call.get("args", call.get("arguments", {}))
     return {
-        "id": call.get("id") or "",
+        "id": str(call.get("id") or ""),
         "type": "function",
         "function": {
-            "name": call.get("name", ""),
+            "name": str(call.get("name") or ""),
             "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
         },
     }
@@ -116,7 +122,10 @@ def _from_parts(message: dict[str, Any]) -> Message | None:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     out: Message = {"role": role}
-    for part in message.get("parts") or []:
+    parts = message.get("parts")
+    for part in parts if isinstance(parts, list) else []:
+        if not isinstance(part, dict):
+            continue
         kind = part.get("type")
         if kind == "text":
             texts.append(str(part.get("content", "")))
@@ -161,7 +170,7 @@ def foreign_call(
     if answer is not None:
         reason = finish_reason or ("tool_calls" if answer.get("tool_calls") else "stop")
         response = {"model": model, "choices": [{"index": 0, "message": answer, "finish_reason": reason}]}
-        if usage:
+        if isinstance(usage, Mapping) and usage:
             response["usage"] = {
                 "prompt_tokens": usage.get("input", usage.get("prompt_tokens")),
                 "completion_tokens": usage.get("output", usage.get("completion_tokens")),
@@ -209,6 +218,7 @@ class Rewarder:
     ) -> None:
         self.reward = reward
         self.categories = {k: dict(v) for k, v in (categories or {}).items()}
+        self.unmapped: set[str] = set()  # reward scores warned about an unmapped category (once each)
 
     def numbers(self, scores: list[tuple[str, ScoreValue, str]]) -> dict[str, float]:
         """name -> number, the latest score of each name winning (scores come oldest first)."""
@@ -219,8 +229,10 @@ class Rewarder:
                 out[name] = number
         return out
 
-    def number(self, name: str, value: ScoreValue, data_type: str) -> float | None:
-        kind = data_type.upper()
+    def number(self, name: str, value: ScoreValue, data_type: str | None) -> float | None:
+        """The score as a finite number, or None: a category the mapping lacks, a value that is no number, NaN or
+        infinity (for the reward score that is: no reward)."""
+        kind = str(data_type or "").upper()
         if kind == "BOOLEAN" or isinstance(value, bool):
             return 1.0 if value in (True, 1, 1.0, "true", "True") else 0.0
         if kind == "CATEGORICAL" or isinstance(value, str):
@@ -228,18 +240,35 @@ class Rewarder:
             if mapping is None:
                 return None  # not a number unless the user maps it
             if str(value) not in mapping:
-                raise ValueError(
-                    f"score {name!r} has category {value!r}, which categories[{name!r}] does not map "
-                    f"(it maps {sorted(mapping)})"
-                )
-            return float(mapping[str(value)])
-        number = float(value)
-        return number if math.isfinite(number) else None
+                if name == self.reward and name not in self.unmapped:
+                    self.unmapped.add(name)
+                    log.warning(
+                        "score %r has category %r, which categories[%r] does not map (it maps %s): "
+                        "such traces have no reward",
+                        name,
+                        value,
+                        name,
+                        sorted(mapping),
+                    )
+                return None
+            return _finite(mapping[str(value)])
+        return _finite(value)
 
     def __call__(self, numbers: dict[str, float]) -> float | None:
+        """The reward, or None (no reward): also when the function's answer is NaN, infinite or no number."""
         if self.reward is None:
             return None
         if callable(self.reward):
-            value = self.reward(dict(numbers))
-            return None if value is None else float(value)
+            return _finite(self.reward(dict(numbers)))
         return numbers.get(self.reward)
+
+
+def _finite(value: Any) -> float | None:
+    """A finite float, or None (None, NaN, infinities, a value float() refuses or overflows on)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None

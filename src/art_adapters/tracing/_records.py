@@ -314,22 +314,47 @@ def unpack_trajectory(text: str | dict[str, Any], calls: dict[int, LLMCall]) -> 
     from ..conversations import choice_of
 
     record = load_record(text)
+    count = record.get("n", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise RecordError(f"a trajectory record's call count is {count!r}, not a count")
+    histories = record.get("h") or []
+    if not isinstance(histories, list) or not all(isinstance(h, dict) for h in histories):
+        raise RecordError("a trajectory record's histories are not a list of objects")
+    wanted = set(range(count))
+    for h in histories:
+        refs = h.get("c") or []
+        if not isinstance(refs, list):
+            raise RecordError("a history's calls are not a list of indices")
+        wanted.update(refs)
+    missing = sorted(i for i in wanted if i not in calls)
+    if missing:  # never a placeholder: an empty answer would train as a completion nobody sampled
+        raise RecordError(
+            f"calls {missing[:10]} of the record are missing (their generations not read back: not yet ingested, "
+            "or dropped)"
+        )
     ordered = [calls[i] for i in sorted(calls)]
 
-    def items(skeleton: list[Any]) -> list[Any]:
+    def items(skeleton: Any) -> list[Any]:
+        if not isinstance(skeleton, list):
+            raise RecordError(f"a conversation in the record is {type(skeleton).__name__}, not a list")
         out: list[Any] = []
         for item in skeleton:
             if isinstance(item, dict) and "$call" in item:
-                i, choice = item["$call"]
+                ref = item["$call"]
+                if not (isinstance(ref, list) and len(ref) == 2 and all(type(x) is int for x in ref)):
+                    raise RecordError(f"a choice reference is {ref!r}, not [call, choice]")
+                i, choice = ref
                 rebuilt = choice_of(calls[i], choice) if i in calls else None
-                out.append(rebuilt if rebuilt is not None else {"role": "assistant", "content": ""})
+                if rebuilt is None:
+                    raise RecordError(f"choice {choice} of call {i} is not in the calls read back")
+                out.append(rebuilt)
             elif isinstance(item, dict) and "$choice" in item:
                 out.append(Choice.model_validate(item["$choice"]))
             else:
                 out.append(item)
         return out
 
-    main = [calls[i] for i in range(int(record.get("n", 0))) if i in calls]
+    main = [calls[i] for i in range(count)]
     fields = {
         k: record[k]
         for k in (
@@ -352,9 +377,9 @@ def unpack_trajectory(text: str | dict[str, Any], calls: dict[int, LLMCall]) -> 
             History(
                 messages_and_choices=items(h.get("m") or []),
                 tools=h.get("t"),
-                llm_calls=[calls[i] for i in h.get("c") or [] if i in calls],
+                llm_calls=[calls[i] for i in h.get("c") or []],
             )
-            for h in record.get("h") or []
+            for h in histories
         ],
         llm_calls=main if main else ordered,
         reward=float("nan") if reward is None else float(reward),

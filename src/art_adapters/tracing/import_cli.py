@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+from ..trajectories import Trajectory, write_jsonl
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -60,44 +64,100 @@ def import_command(argv: list[str] | None = None) -> int:
         score, _, category = name.partition(":")
         categories.setdefault(score, {})[category] = float(number)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with out.open("w", encoding="utf-8") as f:
-        if args.otlp:
-            from .otel_genai import read_otlp
+    writing = _Writable()
+    kwargs = {} if redact else {"redact": None}
+    if args.otlp:
+        from .otel_genai import read_otlp
 
-            kwargs = {} if redact else {"redact": None}
-            for trajectory in read_otlp(
-                args.otlp, reward=args.reward, missing_reward=args.missing_reward, **kwargs
-            ):
-                f.write(trajectory.model_dump_json() + "\n")
-                written += 1
-            stats: dict[str, object] = {"imported": written}
-        else:
-            from .langfuse_import import import_trajectories
+        write_jsonl(
+            out,
+            writing(read_otlp(args.otlp, reward=args.reward, missing_reward=args.missing_reward, **kwargs)),
+        )
+        stats: dict[str, object] = {"imported": writing.written}
+    else:
+        from .langfuse_import import import_trajectories
 
-            kwargs = {} if redact else {"redact": None}
-            imported = import_trajectories(
-                args.public_key,
-                args.secret_key,
-                args.base_url,
-                name=args.name,
-                tags=args.tag,
-                session_id=args.session,
-                user_id=args.user,
-                from_time=args.from_time,
-                to_time=args.to_time,
-                reward=args.reward,
-                categories=categories or None,
-                min_scores={k: float(v) for k, v in args.min_score} or None,
-                missing_reward=args.missing_reward,
-                limit=args.limit,
-                progress=sys.stderr.isatty(),
-                **kwargs,
-            )
-            for trajectory in imported:
-                f.write(trajectory.model_dump_json() + "\n")
-                written += 1
-            stats = imported.stats.model_dump()
-    print(json.dumps({"out": str(out), **stats}))
+        imported = import_trajectories(
+            args.public_key,
+            args.secret_key,
+            args.base_url,
+            name=args.name,
+            tags=args.tag,
+            session_id=args.session,
+            user_id=args.user,
+            from_time=args.from_time,
+            to_time=args.to_time,
+            reward=args.reward,
+            categories=categories or None,
+            min_scores={k: float(v) for k, v in args.min_score} or None,
+            missing_reward=args.missing_reward,
+            limit=args.limit,
+            progress=sys.stderr.isatty(),
+            **kwargs,
+        )
+        from ._langfuse_read import PagingError
+
+        failed: PagingError | None = None
+        try:
+            write_jsonl(out, writing(imported))
+        except PagingError as error:  # what was read so far stays written; the counts say how far it got
+            failed = error
+        stats = imported.stats.model_dump()
+        stats["written"] = writing.written
+        if writing.escaped:
+            stats["surrogates_escaped"] = writing.escaped
+        if writing.unwritable:
+            stats["skipped_unwritable"] = writing.unwritable
+        print(json.dumps({"out": str(out), **stats}))
+        if failed is not None:
+            print(f"art-adapters import: stopped: {failed}", file=sys.stderr)
+            return 1
+        return 0
+    print(json.dumps({"out": str(out), **stats, "written": writing.written}))
     return 0
+
+
+class _Writable:
+    """Trajectories as `write_jsonl` can write them: a lone UTF-16 surrogate (a string cut inside a character) is
+    written escaped (as the text \\udXXX, warned); one that still cannot be serialized is skipped, counted, warned."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.escaped = 0
+        self.unwritable = 0
+
+    def __call__(self, trajectories: Iterable[Trajectory]) -> Iterator[Trajectory]:
+        for trajectory in trajectories:
+            writable = self._writable(trajectory)
+            if writable is not None:
+                yield writable
+                self.written += 1
+
+    def _writable(self, trajectory: Trajectory) -> Trajectory | None:
+        name = trajectory.metadata.get("trace_id", "?")
+        try:
+            trajectory.model_dump_json()
+            return trajectory
+        except Exception as error:  # noqa: BLE001 - one trajectory never stops the file
+            first = error
+        try:
+            escaped = Trajectory.model_validate(_escaped(trajectory.model_dump()))
+            escaped.model_dump_json()
+        except Exception as error:  # noqa: BLE001
+            self.unwritable += 1
+            print(f"trace {name}: skipped, it cannot be written as JSON ({first}; {error})", file=sys.stderr)
+            return None
+        self.escaped += 1
+        print(f"trace {name}: lone UTF-16 surrogates written escaped (\\udXXX)", file=sys.stderr)
+        return escaped
+
+
+def _escaped(value: Any) -> Any:
+    """Every string with its lone surrogates as backslash escapes (valid UTF-8); bounded by the data's depth."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    return value

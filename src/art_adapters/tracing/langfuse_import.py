@@ -50,7 +50,10 @@ class ImportStats(BaseModel):
     imported: int = 0
     own: int = 0  # traces we wrote, back with their token ids
     foreign: int = 0  # traces without training records: no sampled token ids
-    damaged_records: int = 0  # own traces whose records did not read back (imported as foreign)
+    damaged_records: int = (
+        0  # own traces whose records did not read back, or missing calls (imported as foreign)
+    )
+    skipped_malformed: int = 0  # traces that could not be converted at all (warned with their ids)
     skipped_no_reward: int = 0
     skipped_by_score: int = 0
     skipped_no_calls: int = 0
@@ -123,23 +126,30 @@ def import_trajectories(
                 scores = reader.scores(ids)
                 for root in roots:
                     stats.traces += 1
-                    trajectory = _build(root, children.get(root["traceId"], []), stats)
-                    if trajectory is None:
-                        stats.skipped_no_calls += 1
-                    elif _rewarded(
-                        trajectory,
-                        scores.get(root["traceId"], []),
-                        rewarder,
-                        stats,
-                        min_scores,
-                        missing_reward,
-                    ):
-                        kept = apply(redact, trajectory)
-                        if kept is None:
-                            stats.skipped_by_redaction += 1
-                        else:
-                            stats.imported += 1
-                            yield kept
+                    trace_id = root["traceId"]
+                    try:  # one trace's conversion: whatever it raises skips that trace only
+                        kept = _convert(
+                            root,
+                            children.get(trace_id, []),
+                            scores.get(trace_id, []),
+                            rewarder,
+                            stats,
+                            min_scores,
+                            missing_reward,
+                            redact,
+                        )
+                    except Exception as error:  # noqa: BLE001 - isolation is the point (RecursionError too)
+                        stats.skipped_malformed += 1
+                        log.warning(
+                            "trace %s: skipped, it could not be converted (%s: %s)",
+                            trace_id,
+                            type(error).__name__,
+                            _oneline(error),
+                        )
+                        kept = None
+                    if kept is not None:
+                        stats.imported += 1
+                        yield kept
                     if bar is not None:
                         bar.update(1)
         finally:
@@ -180,26 +190,62 @@ def _filter(
 # ---- building --------------------------------------------------------------------------------------------------
 
 
+def _convert(
+    root: dict[str, Any],
+    observations: list[dict[str, Any]],
+    scores: list[tuple[str, Any, str]],
+    rewarder: Rewarder,
+    stats: ImportStats,
+    min_scores: Mapping[str, float] | None,
+    missing: float | None,
+    redact: Redactor | None,
+) -> Trajectory | None:
+    """One trace as the Trajectory to yield, or None (skipped, counted)."""
+    trajectory = _build(root, observations, stats)
+    if trajectory is None:
+        stats.skipped_no_calls += 1
+        return None
+    if not _rewarded(trajectory, scores, rewarder, stats, min_scores, missing):
+        return None
+    kept = apply(redact, trajectory)
+    if kept is None:
+        stats.skipped_by_redaction += 1
+    return kept
+
+
+def _oneline(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+def _metadata(row: dict[str, Any]) -> dict[str, Any]:
+    """An observation's metadata as an object (absent, null, or not an object: empty)."""
+    value = parsed(row.get("metadata"))
+    return value if isinstance(value, dict) else {}
+
+
 def _build(root: dict[str, Any], observations: list[dict[str, Any]], stats: ImportStats) -> Trajectory | None:
-    metadata = root.get("metadata") or {}
+    metadata = _metadata(root)
+    damaged = False
     if TRAJECTORY_KEY in metadata:
         try:
-            trajectory = _own(root, observations)
+            trajectory = _own(root, metadata, observations)
             stats.own += 1
             return trajectory
-        except (RecordError, KeyError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - a record of any damaged shape (RecursionError too)
+            damaged = True
             stats.damaged_records += 1
             log.warning(
-                "trace %s: its training record does not read back (%s); imported without token ids",
+                "trace %s: its training record does not read back (%s: %s); imported without token ids",
                 root["traceId"],
-                error,
+                type(error).__name__,
+                _oneline(error),
             )
     generations = [o for o in observations if o.get("type") == "GENERATION"]
     if not generations:
         return None
     calls = [_foreign_call(g) for g in generations]
     stats.foreign += 1
-    return foreign_trajectory(
+    trajectory = foreign_trajectory(
         calls,
         source=_tracer(observations),
         trace_id=root["traceId"],
@@ -209,15 +255,21 @@ def _build(root: dict[str, Any], observations: list[dict[str, Any]], stats: Impo
             "user_id": root.get("userId"),
         },
     )
+    if damaged:
+        trajectory.metadata["damaged_record"] = True
+    return trajectory
 
 
-def _own(root: dict[str, Any], observations: list[dict[str, Any]]) -> Trajectory:
+def _own(root: dict[str, Any], metadata: dict[str, Any], observations: list[dict[str, Any]]) -> Trajectory:
+    """The trace as the Trajectory it was; RecordError when any call of its record is missing or damaged."""
     calls: dict[int, LLMCall] = {}
     mismatched = 0
-    entries = [(o.get("metadata", {}).get(CALL_KEY), parsed(o.get("input"))) for o in observations]
-    skipped = root["metadata"].get(SKIPPED_CALLS_KEY)
+    entries = [(_metadata(o).get(CALL_KEY), parsed(o.get("input"))) for o in observations]
+    skipped = metadata.get(SKIPPED_CALLS_KEY)
     if skipped:
         skipped = parsed(skipped) if isinstance(skipped, str) else skipped
+        if not isinstance(skipped, list) or not all(isinstance(e, dict) for e in skipped):
+            raise RecordError(f"{SKIPPED_CALLS_KEY} is not a list of records")
         entries += [(e.get("record"), e.get("messages")) for e in skipped]
     for record, messages in entries:
         if record is None:
@@ -225,7 +277,7 @@ def _own(root: dict[str, Any], observations: list[dict[str, Any]]) -> Trajectory
         index, call, matched = unpack_call(record, messages)
         calls.setdefault(index, call)
         mismatched += not matched
-    trajectory = unpack_trajectory(root["metadata"][TRAJECTORY_KEY], calls)
+    trajectory = unpack_trajectory(metadata[TRAJECTORY_KEY], calls)
     trajectory.metadata.setdefault("trace_id", root["traceId"])
     trajectory.metadata["trace_source"] = "art_adapters"
     if mismatched:  # masked or truncated inputs: the messages are not the ones sampled from
@@ -240,19 +292,42 @@ def _own(root: dict[str, Any], observations: list[dict[str, Any]]) -> Trajectory
 
 def _foreign_call(generation: dict[str, Any]) -> LLMCall:
     messages = chat_messages(generation.get("input")) or []
-    start = generation.get("startTime") or 0.0
+    start = _seconds(generation.get("startTime"), "startTime") or 0.0
+    usage = generation.get("usageDetails")
     return foreign_call(
         messages,
         answer_message(generation.get("output")),
-        model=generation.get("model"),
+        model=generation.get("model") if isinstance(generation.get("model"), str) else None,
         started_at=start,
-        ended_at=generation.get("endTime") or start,
+        ended_at=_seconds(generation.get("endTime"), "endTime") or start,
         parameters=generation.get("modelParameters")
         if isinstance(generation.get("modelParameters"), dict)
         else None,
-        usage=generation.get("usageDetails"),
+        usage=usage if isinstance(usage, dict) else None,
         error=generation.get("statusMessage") if generation.get("level") == "ERROR" else None,
     )
+
+
+def _seconds(value: Any, field: str) -> float | None:
+    """A time as epoch seconds: a number, a datetime, or an ISO 8601 string; ValueError naming `field` else."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if number is not None and math.isfinite(number):
+            return number
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    raise ValueError(f"a generation's {field} is {str(value)[:40]!r}, not a time")
 
 
 def _tracer(observations: list[dict[str, Any]]) -> str:
