@@ -16,11 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from art_adapters.capture.endpoint import RecordingEndpoint
+from art_adapters.capture.live import LiveRecorder
 from art_adapters.production import StoreSource
 from art_adapters.store import TrajectoryStore, open_store
 from art_adapters.store.sql import StoreConnectionError, check_id
+from art_adapters.testing import Reply, ScriptedServer
 from art_adapters.trajectories import LLMCall, Trajectory, read_jsonl, write_jsonl
 from fixtures_postgres import postgres_url  # noqa: F401 - the session's PostgreSQL server
 from test_live_traffic import call, store  # noqa: F401 - SQLite and PostgreSQL stores, emptied
@@ -117,6 +121,7 @@ def test_calls_after_a_reward_start_a_continuation(store: TrajectoryStore) -> No
     assert len(store.get("conv").llm_calls) == 1  # what was rewarded is what trains
     later = store.get("conv.2")
     assert len(later.llm_calls) == 2 and later.metadata["continues"] == "conv"
+    assert later.metadata["group"] == "g"  # trains in the group of what it continues
     assert store.set_reward("conv.2", 0.0) == "set"  # its own reward, no conflict
     store.mark_trained([i for i, _ in store.claim(10)])
     assert store.add_call("conv", call("turn 3", t=3)) == "conv.3"
@@ -280,3 +285,133 @@ async def test_the_source_yields_to_the_event_loop_between_groups(tmp_path: Path
         tasks.append(asyncio.create_task(other()))
     await asyncio.gather(*tasks)
     assert seen == [0, 1, 2]  # each group came after the loop ran what the one before scheduled
+
+
+# ---- record mode -----------------------------------------------------------------------------------------------------
+
+
+def greeting(request: dict[str, Any]) -> Reply:
+    return Reply(content="Hello! How can I help?")  # the same answer for everyone
+
+
+def test_two_users_opening_alike_are_never_merged(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "users.db")
+    with (
+        ScriptedServer(greeting, cycle=True) as upstream,
+        RecordingEndpoint(upstream.base_url, record=LiveRecorder(store)) as ep,
+    ):
+        client = httpx.Client(base_url=ep.base_url, timeout=30)
+
+        def ask(messages: list[dict[str, Any]]) -> str:
+            answer = client.post("/chat/completions", json={"model": "m", "messages": messages})
+            assert answer.status_code == 200
+            return answer.headers["x-art-trajectory"]
+
+        opening = [{"role": "system", "content": "You are a support bot."}, {"role": "user", "content": "hi"}]
+        reply = {"role": "assistant", "content": "Hello! How can I help?"}
+        alice, bob = ask(opening), ask(opening)
+        alice_2 = ask([*opening, reply, {"role": "user", "content": "I am ALICE"}])
+        bob_2 = ask([*opening, reply, {"role": "user", "content": "I am BOB"}])
+        assert (
+            len({alice, bob, alice_2, bob_2}) == 4
+        )  # ambiguous: nobody's conversation is merged into another's
+        # one conversation continued once joins its trajectory; a second, different continuation is a branch
+        carol = ask([{"role": "user", "content": "carol here"}])
+        carol_2 = ask(
+            [{"role": "user", "content": "carol here"}, reply, {"role": "user", "content": "order 3"}]
+        )
+        again = ask(
+            [{"role": "user", "content": "carol here"}, reply, {"role": "user", "content": "order 3"}]
+        )
+        branch = ask(
+            [{"role": "user", "content": "carol here"}, reply, {"role": "user", "content": "order 4"}]
+        )
+        assert carol_2 == carol and again == carol and branch != carol
+    for trajectory_id in (alice, bob, alice_2, bob_2):
+        texts = [m["content"] for c in store.get(trajectory_id).llm_calls for m in c.request["messages"]]
+        assert not ("I am ALICE" in texts and "I am BOB" in texts)
+
+
+def test_calls_after_a_reward_are_recorded_in_a_continuation(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "after.db")
+    recorder = LiveRecorder(store)
+    with (
+        ScriptedServer(greeting, cycle=True) as upstream,
+        RecordingEndpoint(upstream.base_url, record=recorder) as ep,
+    ):
+        client = httpx.Client(base_url=ep.base_url, timeout=30)
+        rewards = httpx.Client(base_url=f"http://127.0.0.1:{ep.port}", timeout=30)
+        auth = {"authorization": f"Bearer {recorder.require_key()}"}
+        first = [{"role": "user", "content": "hi"}]
+        named = {"x-art-trajectory": "conv", "x-art-group": "faq"}
+        assert (
+            client.post("/chat/completions", json={"model": "m", "messages": first}, headers=named).headers[
+                "x-art-trajectory"
+            ]
+            == "conv"
+        )
+        assert rewards.post("/rewards/conv", json={"reward": 1.0}, headers=auth).json()["status"] == "set"
+        named = {"x-art-trajectory": "conv"}  # the later call names no group: its continuation keeps conv's
+        later = client.post("/chat/completions", json={"model": "m", "messages": first}, headers=named)
+        assert later.headers["x-art-trajectory"] == "conv.2"
+        assert rewards.post("/rewards/conv.2", json={"reward": 0.0}, headers=auth).json()["status"] == "set"
+        # a conversation (no header) rewarded, then continued
+        first = [{"role": "user", "content": "hello"}]
+        tid = client.post("/chat/completions", json={"model": "m", "messages": first}).headers[
+            "x-art-trajectory"
+        ]
+        assert rewards.post(f"/rewards/{tid}", json={"reward": 1.0}, headers=auth).status_code == 200
+        reply = {"role": "assistant", "content": "Hello! How can I help?"}
+        more = [*first, reply, {"role": "user", "content": "more"}]
+        assert (
+            client.post("/chat/completions", json={"model": "m", "messages": more}).headers[
+                "x-art-trajectory"
+            ]
+            == f"{tid}.2"
+        )
+    assert len(store.get("conv").llm_calls) == 1 and len(store.get("conv.2").llm_calls) == 1
+    assert store.get(f"{tid}.2").metadata["continues"] == tid and recorder.failed == 0
+    assert store.get("conv.2").metadata["group"] == "faq"
+
+
+def test_a_reward_too_large_for_a_float_is_a_400(tmp_path: Path) -> None:
+    recorder = LiveRecorder(open_store(tmp_path / "big.db"))
+    with (
+        ScriptedServer(greeting, cycle=True) as upstream,
+        RecordingEndpoint(upstream.base_url, record=recorder) as ep,
+    ):
+        answer = httpx.post(
+            f"{ep.base_url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "q"}]},
+        )
+        url = f"http://127.0.0.1:{ep.port}/rewards/{answer.headers['x-art-trajectory']}"
+        auth = {"authorization": f"Bearer {recorder.require_key()}", "content-type": "application/json"}
+        huge = b"1" + b"0" * 400
+        for body in (b'{"reward": ' + huge + b"}", b'{"reward": 1, "metrics": {"m": ' + huge + b"}}"):
+            refused = httpx.post(url, content=body, headers=auth)
+            assert refused.status_code == 400 and "finite number" in refused.json()["detail"]
+            assert len(refused.json()["detail"]) < 200
+
+
+def test_a_lone_surrogate_is_recorded(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "surrogate.db")
+    recorder = LiveRecorder(store)
+    vllm_like = {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "m",
+        "created": 0,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+    }
+    with (
+        ScriptedServer([Reply(raw_body=json.dumps(vllm_like))]) as upstream,
+        RecordingEndpoint(upstream.base_url, record=recorder) as ep,
+    ):
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "emoji cut in half: \\ud83d"}]}'
+        answer = httpx.post(
+            f"{ep.base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+        assert answer.status_code == 200
+    stored = store.get(answer.headers["x-art-trajectory"])
+    assert recorder.failed == 0 and stored is not None
+    assert stored.llm_calls[0].request["messages"][0]["content"] == "emoji cut in half: \ud83d"

@@ -183,7 +183,8 @@ class TrajectoryStore(ABC):
     def add_call(self, trajectory_id: str, call: LLMCall, metadata: Mapping[str, Any] | None = None) -> str:
         """Append one call to the trajectory (made on its first call; `metadata` then kept, later merged); returns
         the id it was recorded under. A trajectory already rewarded (or trained) is closed: the call starts, or
-        joins, its continuation (`open_id`), whose metadata names it (`continues`)."""
+        joins, its continuation (`open_id`), whose metadata names it (`continues`) and starts as a copy of its
+        (the group it trains in)."""
         check_id(trajectory_id)
         body = dump_json(call)
         now = time.time()
@@ -193,6 +194,17 @@ class TrajectoryStore(ABC):
             extra = dict(metadata or {})
             if target != trajectory_id:
                 extra["continues"] = trajectory_id
+            continues = extra.get("continues")
+            if isinstance(continues, str) and continues != target:
+                cursor.execute(self._sql("SELECT id FROM art_trajectories WHERE id = ?"), (target,))
+                if (
+                    cursor.fetchone() is None
+                ):  # a new continuation: the metadata it continues, then this call's
+                    cursor.execute(
+                        self._sql("SELECT metadata FROM art_trajectories WHERE id = ?"), (continues,)
+                    )
+                    row = cursor.fetchone()
+                    extra = {**json.loads(row[0] or "{}"), **extra} if row is not None else extra
             self._touch(cursor, target, now, extra or None)
             cursor.execute(
                 self._sql("INSERT INTO art_calls (trajectory_id, started_at, body) VALUES (?, ?, ?)"),
