@@ -62,6 +62,38 @@ def test_non_finite_numbers_round_trip_through_jsonl(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["llm_calls"][0]["logprobs"] == [-0.5, -math.inf]
 
 
+async def test_non_finite_numbers_cross_the_remote_backend_wire(tmp_path: Path) -> None:
+    import art_adapters as art
+    from art_adapters.backend.remote import RemoteBackend
+    from art_adapters.backend.server import create_app
+    from test_remote_backend import FakeBackend, running
+
+    received: list[Any] = []
+
+    class Keeping(FakeBackend):
+        async def train_events(self, model: Any, groups: Any, config: Any, *, record: bool = True) -> Any:
+            received.extend(groups)
+            async for event in super().train_events(model, groups, config, record=record):
+                yield event
+
+    with (
+        ScriptedServer(None) as upstream,
+        running(
+            create_app(
+                Keeping(tmp_path / "art", upstream.base_url), api_key="k", allowed_base_models=["tiny"]
+            )
+        ) as url,
+    ):
+        backend = RemoteBackend(url, api_key="k")
+        model = art.TrainableModel(name="agent", project="p", base_model="tiny")
+        await model.register(backend)
+        sampled = Trajectory(llm_calls=[inf_call()], reward=1.0, metrics={"m": float("nan")})
+        await model.train([art.TrajectoryGroup([sampled, sampled.model_copy(update={"reward": 0.0})])])
+        await backend.close()
+    (first, _) = received[0].trajectories
+    assert first.llm_calls[0].logprobs == [-0.5, -math.inf] and math.isnan(first.metrics["m"])
+
+
 def test_a_row_that_cannot_be_read_back_is_skipped_counted_and_named(
     store: TrajectoryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
