@@ -150,12 +150,17 @@ class TrajectoryStore(ABC):
                         self._connection.rollback()
                     except Exception:  # the connection is gone: nothing to roll back
                         pass
-                    if attempt == 1 and isinstance(error, Exception) and self._lost(error):
+                    lost = isinstance(error, Exception) and self._lost(error)
+                    if lost and attempt == 1:
                         log.warning(
                             "trajectory store: connection lost (%s); reconnecting, retrying once", error
                         )
                         self._reconnect()
                         continue
+                    if lost:
+                        raise StoreConnectionError(
+                            f"the trajectory store lost its database connection again on retry: {error}"
+                        ) from error
                     raise
                 finally:
                     try:
