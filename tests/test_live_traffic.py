@@ -49,9 +49,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     else:
         url = request.getfixturevalue("postgres_url")
     with open_store(url) as opened:
-        with opened._tx() as cursor:  # one server for the session: every test starts empty
-            cursor.execute("DELETE FROM art_calls")
-            cursor.execute("DELETE FROM art_trajectories")
+        # one server for the session: every test starts empty
+        opened._transact(
+            lambda cursor: [cursor.execute(f"DELETE FROM {t}") for t in ("art_calls", "art_trajectories")]
+        )
         yield opened
 
 

@@ -6,7 +6,7 @@ import functools
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .apis import anthropic as anthropic_api
 from .apis import responses as responses_api
@@ -57,8 +57,16 @@ def endpoint_kind(path: str) -> EndpointKind | None:
     return None
 
 
+# JSON keeps non-finite numbers (vLLM reports -inf for a token it could not have sampled; a NaN metric) as the
+# constants Infinity / -Infinity / NaN, which json.loads and pydantic read back; pydantic's default writes null,
+# which no float field reads back.
+NON_FINITE_JSON = ConfigDict(ser_json_inf_nan="constants")
+
+
 class SampledChoice(BaseModel):
     """Token ids and logprobs the engine sampled for one choice of a call (choices after the first when n > 1)."""
+
+    model_config = NON_FINITE_JSON
 
     index: int
     token_ids: list[int] | None = None
@@ -68,6 +76,8 @@ class SampledChoice(BaseModel):
 
 class LLMCall(BaseModel):
     """One OpenAI-compatible exchange as the recording client saw it."""
+
+    model_config = NON_FINITE_JSON
 
     request: dict[str, Any]
     response: dict[str, Any] | None = None

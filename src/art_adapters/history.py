@@ -40,7 +40,7 @@ class PydanticException(BaseModel):
 class History(BaseModel):
     """A conversation that does not extend the main one (a sub-agent, a summariser)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
 
     messages_and_choices: MessagesAndChoices = Field(default_factory=list)
     tools: Tools | None = None

@@ -32,7 +32,7 @@ from .sources import SplitBy
 class Trajectory(BaseModel):
     """One rollout: the conversation, every captured LLM call, and its reward."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
 
     messages_and_choices: MessagesAndChoices = Field(default_factory=list)
     tools: Tools | None = None
@@ -150,7 +150,7 @@ class TrajectoryGroup(BaseModel):
     `group = await art.TrajectoryGroup(rollout(model, s) for _ in range(8))`.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
 
     trajectories: list[Trajectory] = Field(default_factory=list)
     exceptions: list[PydanticException] = Field(default_factory=list)

@@ -2,8 +2,10 @@
 trajectory, and `POST /rewards/{trajectory_id}` joins the reward that arrives minutes or days later.
 
 The client names the trajectory with an `x-art-trajectory` header, or one is opened per conversation (a call whose
-messages continue an earlier call's messages and answer joins that call's trajectory); every answer carries the
-trajectory's id in `x-art-trajectory`. `x-art-group` files the trajectory under a group key (the same task, the
+messages continue an earlier call's messages and answer joins that call's trajectory, unless that earlier exchange
+is ambiguous: two conversations recorded it, or another call already continued it differently); every answer
+carries the trajectory's id in `x-art-trajectory`. A trajectory already rewarded is closed: a later call of it
+starts its continuation (`ID.2`, named in that answer's header). `x-art-group` files the trajectory under a group key (the same task, the
 same prompt) for training. Calls are redacted (`redact`, default: keys and Authorization headers dropped) before
 they are stored; `retention` bounds the store.
 """
@@ -19,7 +21,7 @@ import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..conversations import message_key
@@ -67,7 +69,8 @@ class LiveRecorder:
         self.max_conversations = max_conversations
         self.recorded = 0
         self.failed = 0
-        self._conversations: OrderedDict[str, str] = OrderedDict()  # conversation key -> trajectory id
+        # digest of an exchange (its messages + answer) -> the conversations that recorded it
+        self._conversations: OrderedDict[str, _Exchange] = OrderedDict()
 
     def require_key(self) -> str:
         """The key `POST /rewards/...` needs (made now if none was given)."""
@@ -91,15 +94,20 @@ class LiveRecorder:
             body = {}  # the forward answers it
         messages = body.get("messages") if isinstance(body, dict) else None
         try:
-            trajectory_id = check_id(named) if named else self._conversation(messages)
+            trajectory_id, known = (check_id(named), True) if named else self._conversation(messages)
             group = request.headers.get(GROUP_HEADER)
             if group is not None and not 0 < len(group) <= 256:
                 raise ValueError("x-art-group is 1-256 characters")
+            opened = trajectory_id
+            if known:  # rewarded already: this call starts (or joins) its continuation
+                trajectory_id = await self._open_id(trajectory_id)
         except ValueError as error:
             return JSONResponse({"error": {"message": str(error)}}, status_code=400)
         scratch = Trajectory()
         inner = await forward(scratch)
-        metadata = {"group": group} if group else None
+        metadata: dict[str, Any] = {"group": group} if group else {}
+        if trajectory_id != opened:
+            metadata["continues"] = opened
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             stored = False
@@ -132,15 +140,31 @@ class LiveRecorder:
 
         return Recorded()
 
-    def _conversation(self, messages: Any) -> str:
-        """The open trajectory this conversation continues, or a new id."""
+    def _conversation(self, messages: Any) -> tuple[str, bool]:
+        """The trajectory this conversation continues (and True), or a new id (and False). The longest earlier
+        exchange it extends decides: recorded by one conversation and not yet continued by another request, it is
+        this conversation's; recorded by two (two users opening alike and answered alike), or continued already
+        by a different request (a branch, another user), a new trajectory starts."""
         if isinstance(messages, list) and len(messages) <= MAX_CHAINED_MESSAGES:
             digests = _prefix_digests([message_key(m) for m in messages if isinstance(m, dict)])
             for digest in reversed(digests[:-1]):  # the longest earlier prefix first
-                found = self._conversations.get(digest)
-                if found is not None:
-                    return found
-        return secrets.token_hex(16)
+                exchange = self._conversations.get(digest)
+                if exchange is None:
+                    continue
+                if len(exchange.trajectories) != 1 or exchange.continued_by not in (None, digests[-1]):
+                    break  # ambiguous: not merged into anyone's trajectory
+                exchange.continued_by = digests[-1]
+                return exchange.trajectories[0], True
+        return secrets.token_hex(16), False
+
+    async def _open_id(self, trajectory_id: str) -> str:
+        try:
+            return await asyncio.to_thread(self.store.open_id, trajectory_id)
+        except ValueError:
+            raise
+        except Exception:  # the store is down: the call is still served (and its storing will log)
+            log.exception("record mode: looking up trajectory %s failed", trajectory_id)
+            return trajectory_id
 
     async def _store(
         self, trajectory_id: str, scratch: Trajectory, messages: Any, metadata: dict[str, Any] | None
@@ -148,14 +172,23 @@ class LiveRecorder:
         try:
             kept = apply(self.redact, scratch)
             for call in kept.llm_calls if kept is not None else []:
-                await asyncio.to_thread(self.store.add_call, trajectory_id, call, metadata)
+                stored = await asyncio.to_thread(self.store.add_call, trajectory_id, call, metadata)
+                if stored != trajectory_id:
+                    log.warning(
+                        "record mode: trajectory %s was rewarded while its call ran; the call is recorded in its "
+                        "continuation %s",
+                        trajectory_id,
+                        stored,
+                    )
                 self.recorded += 1
                 answer = call.response_message()
                 if isinstance(messages, list) and answer is not None:
                     key = _prefix_digests(
                         [message_key(m) for m in [*messages, answer] if isinstance(m, dict)]
                     )[-1]
-                    self._conversations[key] = trajectory_id
+                    exchange = self._conversations.setdefault(key, _Exchange())
+                    if stored not in exchange.trajectories:
+                        exchange.trajectories.append(stored)
                     self._conversations.move_to_end(key)
                     while len(self._conversations) > self.max_conversations:
                         self._conversations.popitem(last=False)
@@ -208,6 +241,15 @@ class LiveRecorder:
         return answer(200, trajectory_id=trajectory_id, status=outcome)
 
 
+@dataclass
+class _Exchange:
+    """One recorded exchange (messages + answer): the trajectories that recorded it (more than one: ambiguous),
+    and the digest of the request that continued it."""
+
+    trajectories: list[str] = field(default_factory=list)
+    continued_by: str | None = None
+
+
 def _prefix_digests(keys: list[Any]) -> list[str]:
     """The digest of every prefix of `keys` (`[i]`: of `keys[: i + 1]`), chained so all of them cost one pass."""
     out: list[str] = []
@@ -228,8 +270,8 @@ def _reward_body(raw: bytes) -> tuple[float, dict[str, float], dict[str, Any]]:
     if not isinstance(body, dict) or "reward" not in body:
         raise ValueError('the body is {"reward": NUMBER, "metrics": {...}, "metadata": {...}}')
     reward = body["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise ValueError(f"reward must be a finite number, not {reward!r}")
+    if not _finite(reward):
+        raise ValueError(f"reward must be a finite number, not {_short(reward)}")
     metrics = body.get("metrics") or {}
     metadata = body.get("metadata") or {}
     if not isinstance(metrics, dict) or not isinstance(metadata, dict):
@@ -237,9 +279,24 @@ def _reward_body(raw: bytes) -> tuple[float, dict[str, float], dict[str, Any]]:
     if len(metrics) > MAX_REWARD_FIELDS or len(metadata) > MAX_REWARD_FIELDS:
         raise ValueError(f"at most {MAX_REWARD_FIELDS} metrics and {MAX_REWARD_FIELDS} metadata fields")
     for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"metric {name!r} must be a finite number, not {value!r}")
+        if not _finite(value):
+            raise ValueError(f"metric {_short(name)} must be a finite number, not {_short(value)}")
     for name, value in metadata.items():
         if not isinstance(value, str | int | float | bool) or (isinstance(value, str) and len(value) > 1024):
             raise ValueError(f"metadata {name!r} must be a scalar (strings up to 1024 characters)")
     return float(reward), {k: float(v) for k, v in metrics.items()}, metadata
+
+
+def _finite(value: Any) -> bool:
+    """A JSON number a float holds, finite (an integer of 400 digits is neither: float() overflows)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"

@@ -24,6 +24,7 @@ class GroupStats(BaseModel):
     skipped_stale: int = 0  # sampled by a policy more than `max_staleness` steps behind
     skipped_alone: int = 0  # the only one (or too few) of their key
     skipped_no_reward: int = 0
+    skipped_unreadable: int = 0  # stored, but could not be read back (the store logs and names each)
 
 
 def key_of(trajectory: Trajectory, key: Key) -> Any:

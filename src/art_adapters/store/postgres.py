@@ -8,7 +8,9 @@ from .sql import TrajectoryStore
 
 
 class PostgresStore(TrajectoryStore):
-    """`PostgresStore("postgresql://user:password@host:5432/db")`; claims skip rows another trainer holds."""
+    """`PostgresStore("postgresql://user:password@host:5432/db")`; claims skip rows another trainer holds. A
+    connection lost (a server restart, a failover, a pooler closing it) is replaced on the next transaction, and
+    a transaction it broke is run once more on the new one; a server still away raises StoreConnectionError."""
 
     placeholder = "%s"
     serial = "BIGSERIAL PRIMARY KEY"
@@ -27,3 +29,10 @@ class PostgresStore(TrajectoryStore):
                 "a PostgreSQL store needs psycopg 3: pip install 'art-adapters[postgres]'"
             ) from error
         return psycopg.connect(self.url, connect_timeout=max(1, round(self.connect_timeout_s)))
+
+    def _lost(self, error: BaseException | None) -> bool:
+        import psycopg
+
+        if error is not None and not isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            return False
+        return bool(self._connection.closed or self._connection.broken)

@@ -3,26 +3,81 @@ call. The same statements run on SQLite and PostgreSQL; each write is one short 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from ..calls import LLMCall
 from ..trajectories import Trajectory
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 MAX_ID_LENGTH = 128
 # ASCII only: str.isalnum() also takes Cyrillic, fullwidth and superscript look-alikes, each a distinct id
 ID_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
+# A trajectory rewarded (or trained) is closed: a later call of it is recorded in its continuation, `ID.2`, then
+# `ID.3`... (`continuation_id`); at most this many continuations are looked through.
+MAX_CONTINUATIONS = 1000
+
+
 class RewardConflict(ValueError):
     """A trajectory already has a different reward (a reward is set once; the same one again is a no-op)."""
+
+
+class StoreConnectionError(ConnectionError):
+    """The store's database could not be reached (after one reconnect and retry)."""
+
+
+def dump_json(model: BaseModel) -> str:
+    """`model` as JSON text that reads back exactly: non-finite numbers as Infinity/NaN (the models' config), and
+    text pydantic cannot encode as UTF-8 (a lone UTF-16 surrogate: an emoji a JavaScript client cut in half)
+    escaped as `\\udXXX`, as json.dumps writes it."""
+    try:
+        return model.model_dump_json()
+    except ValueError:  # PydanticSerializationError (a UnicodeEncodeError under it) is a ValueError
+        return json.dumps(model.model_dump(mode="json"), allow_nan=True)
+
+
+def load_json(cls: type[M], text: str) -> M:
+    """The inverse of `dump_json` (pydantic's JSON parser refuses an escaped lone surrogate; json.loads keeps it)."""
+    try:
+        return cls.model_validate_json(text)
+    except ValueError:
+        return cls.model_validate(json.loads(text))
+
+
+def finite(value: Any, what: str) -> float:
+    """`value` as a finite float, else ValueError naming `what` (an integer too large for a float included)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what} is a finite number, not {str(value)[:40]!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{what} is a finite number, not {number}")
+    return number
+
+
+def continuation_id(trajectory_id: str, n: int) -> str:
+    """The id of the `n`-th trajectory continuing `trajectory_id` (n >= 2) after it was rewarded: `ID.n`, or a
+    digest of both where that would be longer than an id may be."""
+    candidate = f"{trajectory_id}.{n}"
+    if len(candidate) <= MAX_ID_LENGTH:
+        return candidate
+    digest = hashlib.sha256(f"{trajectory_id}\0{n}".encode()).hexdigest()[:40]
+    return f"{digest}.{n}"
 
 
 def check_id(trajectory_id: str) -> str:
@@ -48,9 +103,13 @@ class TrajectoryStore(ABC):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._connection: Any = self._connect()
-        with self._tx() as cursor:
+        self.unreadable: dict[str, str] = {}  # trajectory id -> why claim() could not rebuild it (skipped)
+
+        def schema(cursor: Any) -> None:
             for statement in self._schema():
                 cursor.execute(statement)
+
+        self._transact(schema)
 
     # ---- dialect ----------------------------------------------------------------------------------------------
     @abstractmethod
@@ -69,43 +128,129 @@ class TrajectoryStore(ABC):
             "CREATE INDEX IF NOT EXISTS art_trajectories_ready ON art_trajectories (rewarded_at, trained_at)",
         ]
 
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
+    def _lost(self, error: BaseException | None) -> bool:
+        """Whether the connection is gone (a server restart, a failover): then reconnect and retry. SQLite's file
+        is never lost."""
+        return False
+
+    def _transact(self, work: Callable[[Any], T]) -> T:
+        """Run `work(cursor)` in one transaction and commit. A connection found lost (before, or by the error
+        `work` raised) is replaced and the transaction run once more; a second failure raises."""
         with self._lock:
-            cursor = self._connection.cursor()
-            try:
-                yield cursor
-                self._connection.commit()
-            except BaseException:
-                self._connection.rollback()
-                raise
-            finally:
-                cursor.close()
+            for attempt in (1, 2):
+                if self._lost(None):
+                    self._reconnect()
+                cursor = self._connection.cursor()
+                try:
+                    result = work(cursor)
+                    self._connection.commit()
+                    return result
+                except BaseException as error:
+                    try:
+                        self._connection.rollback()
+                    except Exception:  # the connection is gone: nothing to roll back
+                        pass
+                    lost = isinstance(error, Exception) and self._lost(error)
+                    if lost and attempt == 1:
+                        log.warning(
+                            "trajectory store: connection lost (%s); reconnecting, retrying once", error
+                        )
+                        self._reconnect()
+                        continue
+                    if lost:
+                        raise StoreConnectionError(
+                            f"the trajectory store lost its database connection again on retry: {error}"
+                        ) from error
+                    raise
+                finally:
+                    try:
+                        cursor.close()
+                    except Exception:
+                        pass
+        raise AssertionError("unreachable")
+
+    def _reconnect(self) -> None:
+        try:
+            self._connection.close()
+        except Exception:
+            pass
+        try:
+            self._connection = self._connect()
+        except Exception as error:
+            raise StoreConnectionError(
+                f"the trajectory store cannot reconnect to its database: {error}"
+            ) from error
 
     def _sql(self, statement: str) -> str:
         return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
 
     # ---- writing -----------------------------------------------------------------------------------------------
-    def add_call(self, trajectory_id: str, call: LLMCall, metadata: Mapping[str, Any] | None = None) -> None:
-        """Append one call to the trajectory (made on its first call; `metadata` then kept, later merged)."""
+    def add_call(self, trajectory_id: str, call: LLMCall, metadata: Mapping[str, Any] | None = None) -> str:
+        """Append one call to the trajectory (made on its first call; `metadata` then kept, later merged); returns
+        the id it was recorded under. A trajectory already rewarded (or trained) is closed: the call starts, or
+        joins, its continuation (`open_id`), whose metadata names it (`continues`) and starts as a copy of its
+        (the group it trains in)."""
         check_id(trajectory_id)
+        body = dump_json(call)
         now = time.time()
-        with self._tx() as cursor:
-            self._touch(cursor, trajectory_id, now, metadata)
+
+        def work(cursor: Any) -> str:
+            target = self._open_id(cursor, trajectory_id)
+            extra = dict(metadata or {})
+            if target != trajectory_id:
+                extra["continues"] = trajectory_id
+            continues = extra.get("continues")
+            if isinstance(continues, str) and continues != target:
+                cursor.execute(self._sql("SELECT id FROM art_trajectories WHERE id = ?"), (target,))
+                if (
+                    cursor.fetchone() is None
+                ):  # a new continuation: the metadata it continues, then this call's
+                    cursor.execute(
+                        self._sql("SELECT metadata FROM art_trajectories WHERE id = ?"), (continues,)
+                    )
+                    row = cursor.fetchone()
+                    extra = {**json.loads(row[0] or "{}"), **extra} if row is not None else extra
+            self._touch(cursor, target, now, extra or None)
             cursor.execute(
                 self._sql("INSERT INTO art_calls (trajectory_id, started_at, body) VALUES (?, ?, ?)"),
-                (trajectory_id, call.started_at, call.model_dump_json()),
+                (target, call.started_at, body),
             )
+            return target
+
+        return self._transact(work)
+
+    def open_id(self, trajectory_id: str) -> str:
+        """The id the next call of `trajectory_id` is recorded under: itself while it has no reward, else its first
+        continuation without one (`ID.2`, `ID.3`, ...)."""
+        check_id(trajectory_id)
+        return self._transact(lambda cursor: self._open_id(cursor, trajectory_id))
+
+    def _open_id(self, cursor: Any, trajectory_id: str) -> str:
+        candidate = trajectory_id
+        for n in range(2, MAX_CONTINUATIONS + 2):
+            cursor.execute(
+                self._sql("SELECT rewarded_at, trained_at FROM art_trajectories WHERE id = ?"), (candidate,)
+            )
+            row = cursor.fetchone()
+            if row is None or (row[0] is None and row[1] is None):
+                return candidate
+            candidate = continuation_id(trajectory_id, n)
+        raise ValueError(
+            f"trajectory {trajectory_id!r} was continued {MAX_CONTINUATIONS} times after rewards: name a new one"
+        )
 
     def add(self, trajectory: Trajectory, trajectory_id: str) -> None:
         """Store a whole trajectory (from an OTLP endpoint or an import), waiting for its reward like the rest."""
         check_id(trajectory_id)
-        with self._tx() as cursor:
+        body = dump_json(trajectory)
+
+        def work(cursor: Any) -> None:
             self._touch(cursor, trajectory_id, time.time(), None)
             cursor.execute(
-                self._sql("UPDATE art_trajectories SET body = ? WHERE id = ?"),
-                (trajectory.model_dump_json(), trajectory_id),
+                self._sql("UPDATE art_trajectories SET body = ? WHERE id = ?"), (body, trajectory_id)
             )
+
+        self._transact(work)
 
     def _touch(self, cursor: Any, trajectory_id: str, now: float, metadata: Mapping[str, Any] | None) -> None:
         cursor.execute(
@@ -137,26 +282,30 @@ class TrajectoryStore(ABC):
         """Join a reward: "set", or "unchanged" when the same one was already set (idempotent). A different one
         raises RewardConflict; an unknown id KeyError; a reward that is not finite ValueError."""
         check_id(trajectory_id)
-        reward = float(reward)
-        if not math.isfinite(reward):
-            raise ValueError(f"a reward is a finite number, not {reward}")
+        reward = finite(reward, "a reward")
         encoded = json.dumps(dict(sorted((metrics or {}).items())))
-        with self._tx() as cursor:
+
+        def work(cursor: Any) -> tuple[str, Any]:
+            now = time.time()
             cursor.execute(
                 self._sql(
                     "UPDATE art_trajectories SET reward = ?, metrics = ?, rewarded_at = ?, updated_at = ?"
                     " WHERE id = ? AND rewarded_at IS NULL"
                 ),
-                (reward, encoded, time.time(), time.time(), trajectory_id),
+                (reward, encoded, now, now, trajectory_id),
             )
             if cursor.rowcount == 1:
                 if metadata:
                     self._merge_metadata(cursor, trajectory_id, metadata)
-                return "set"
+                return "set", None
             cursor.execute(
                 self._sql("SELECT reward, metrics FROM art_trajectories WHERE id = ?"), (trajectory_id,)
             )
-            row = cursor.fetchone()
+            return "", cursor.fetchone()
+
+        outcome, row = self._transact(work)
+        if outcome:
+            return outcome
         if row is None:
             raise KeyError(trajectory_id)
         if row[0] == reward and (row[1] or "{}") == encoded:
@@ -164,25 +313,32 @@ class TrajectoryStore(ABC):
         raise RewardConflict(f"trajectory {trajectory_id!r} already has reward {row[0]} (metrics {row[1]})")
 
     # ---- reading -----------------------------------------------------------------------------------------------
-    def get(self, trajectory_id: str) -> Trajectory | None:
-        with self._tx() as cursor:
-            cursor.execute(
-                self._sql("SELECT id, metadata, body, reward, metrics FROM art_trajectories WHERE id = ?"),
-                (trajectory_id,),
-            )
-            row = cursor.fetchone()
-            return self._build(cursor, row) if row is not None else None
+    _COLUMNS = "SELECT id, metadata, body, reward, metrics FROM art_trajectories WHERE id = ?"
 
-    def _build(self, cursor: Any, row: Any) -> Trajectory:
+    def get(self, trajectory_id: str) -> Trajectory | None:
+        rows = self._transact(lambda cursor: self._fetch(cursor, trajectory_id))
+        return self._build(*rows) if rows is not None else None
+
+    def _fetch(self, cursor: Any, trajectory_id: str) -> tuple[Any, list[str]] | None:
+        """A trajectory's row and, when it has no whole body, its calls' bodies in order."""
+        cursor.execute(self._sql(self._COLUMNS), (trajectory_id,))
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        if row[2]:
+            return row, []
+        cursor.execute(
+            self._sql("SELECT body FROM art_calls WHERE trajectory_id = ? ORDER BY started_at, seq"),
+            (trajectory_id,),
+        )
+        return row, [r[0] for r in cursor.fetchall()]
+
+    def _build(self, row: Any, call_bodies: list[str]) -> Trajectory:
         trajectory_id, metadata, body, reward, metrics = row
         if body:
-            trajectory = Trajectory.model_validate_json(body)
+            trajectory = load_json(Trajectory, body)
         else:
-            cursor.execute(
-                self._sql("SELECT body FROM art_calls WHERE trajectory_id = ? ORDER BY started_at, seq"),
-                (trajectory_id,),
-            )
-            calls = [LLMCall.model_validate_json(r[0]) for r in cursor.fetchall()]
+            calls = [load_json(LLMCall, text) for text in call_bodies]
             start = min((c.started_at for c in calls), default=time.time())
             trajectory = Trajectory(llm_calls=calls, start_time=start)
             trajectory.finish()
@@ -198,9 +354,12 @@ class TrajectoryStore(ABC):
 
     def claim(self, limit: int, lease_s: float = 600.0) -> list[tuple[str, Trajectory]]:
         """Up to `limit` rewarded trajectories not yet trained, oldest reward first, claimed for `lease_s` (a
-        trainer that dies before `mark_trained` leaves them claimable again once the lease ends)."""
-        now = time.time()
-        with self._tx() as cursor:
+        trainer that dies before `mark_trained` leaves them claimable again once the lease ends; `renew` keeps
+        them). A trajectory that cannot be rebuilt (a row an older version wrote, a body edited by hand) is
+        skipped: logged, kept in `unreadable` with the reason, left claimed (tried again once its lease ends)."""
+
+        def work(cursor: Any) -> list[tuple[str, Any]]:
+            now = time.time()
             self._begin_claim(cursor)
             cursor.execute(
                 self._sql(
@@ -215,16 +374,38 @@ class TrajectoryStore(ABC):
                 cursor.execute(
                     self._sql("UPDATE art_trajectories SET claimed_at = ? WHERE id = ?"), (now, trajectory_id)
                 )
-            out = []
-            for trajectory_id in ids:
+            return [(trajectory_id, self._fetch(cursor, trajectory_id)) for trajectory_id in ids]
+
+        out = []
+        for trajectory_id, rows in self._transact(work):
+            try:
+                out.append((trajectory_id, self._build(*rows)))
+            except Exception as error:  # one bad row never stops the others training
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                self.unreadable[trajectory_id] = reason[:500]
+                log.warning(
+                    "trajectory store: skipped trajectory %r, it cannot be read back (%s)",
+                    trajectory_id,
+                    reason,
+                )
+        return out
+
+    def renew(self, trajectory_ids: list[str]) -> None:
+        """Extend the lease of claimed trajectories still held (waiting for partners of their group)."""
+        now = time.time()
+
+        def work(cursor: Any) -> None:
+            for trajectory_id in trajectory_ids:
                 cursor.execute(
                     self._sql(
-                        "SELECT id, metadata, body, reward, metrics FROM art_trajectories WHERE id = ?"
+                        "UPDATE art_trajectories SET claimed_at = ? WHERE id = ? AND trained_at IS NULL"
+                        " AND claimed_at IS NOT NULL"
                     ),
-                    (trajectory_id,),
+                    (now, trajectory_id),
                 )
-                out.append((trajectory_id, self._build(cursor, cursor.fetchone())))
-        return out
+
+        if trajectory_ids:
+            self._transact(work)
 
     def _begin_claim(self, cursor: Any) -> None:
         """Before a claim's SELECT (PostgreSQL locks the rows it selects: nothing to do first)."""
@@ -232,15 +413,19 @@ class TrajectoryStore(ABC):
 
     def mark_trained(self, trajectory_ids: list[str]) -> None:
         now = time.time()
-        with self._tx() as cursor:
+
+        def work(cursor: Any) -> None:
             for trajectory_id in trajectory_ids:
                 cursor.execute(
                     self._sql("UPDATE art_trajectories SET trained_at = ? WHERE id = ?"), (now, trajectory_id)
                 )
 
+        self._transact(work)
+
     def release(self, trajectory_ids: list[str]) -> None:
         """Give claimed trajectories back (not trained: e.g. their group never filled)."""
-        with self._tx() as cursor:
+
+        def work(cursor: Any) -> None:
             for trajectory_id in trajectory_ids:
                 cursor.execute(
                     self._sql(
@@ -249,20 +434,25 @@ class TrajectoryStore(ABC):
                     (trajectory_id,),
                 )
 
+        self._transact(work)
+
     def counts(self) -> dict[str, int]:
-        with self._tx() as cursor:
+        def work(cursor: Any) -> dict[str, int]:
             cursor.execute("SELECT COUNT(*), COUNT(rewarded_at), COUNT(trained_at) FROM art_trajectories")
             total, rewarded, trained = cursor.fetchone()
             cursor.execute("SELECT COUNT(*) FROM art_calls")
             calls = cursor.fetchone()[0]
-        return {"trajectories": total, "rewarded": rewarded, "trained": trained, "calls": calls}
+            return {"trajectories": total, "rewarded": rewarded, "trained": trained, "calls": calls}
+
+        return self._transact(work)
 
     # ---- retention ---------------------------------------------------------------------------------------------
     def prune(self, *, max_age_s: float | None = None, max_trajectories: int | None = None) -> int:
         """Delete trajectories not updated for `max_age_s`, then the oldest beyond `max_trajectories`; returns how
         many went."""
-        doomed: list[str] = []
-        with self._tx() as cursor:
+
+        def work(cursor: Any) -> int:
+            doomed: list[str] = []
             if max_age_s is not None:
                 cursor.execute(
                     self._sql("SELECT id FROM art_trajectories WHERE updated_at < ?"),
@@ -282,7 +472,9 @@ class TrajectoryStore(ABC):
             for trajectory_id in set(doomed):
                 cursor.execute(self._sql("DELETE FROM art_calls WHERE trajectory_id = ?"), (trajectory_id,))
                 cursor.execute(self._sql("DELETE FROM art_trajectories WHERE id = ?"), (trajectory_id,))
-        return len(set(doomed))
+            return len(set(doomed))
+
+        return self._transact(work)
 
     def close(self) -> None:
         with self._lock:
