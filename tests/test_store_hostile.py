@@ -23,7 +23,7 @@ from art_adapters.capture.endpoint import RecordingEndpoint
 from art_adapters.capture.live import LiveRecorder
 from art_adapters.production import StoreSource
 from art_adapters.store import TrajectoryStore, open_store
-from art_adapters.store.sql import StoreConnectionError, check_id
+from art_adapters.store.records import StoreConnectionError, check_id
 from art_adapters.testing import Reply, ScriptedServer
 from art_adapters.trajectories import LLMCall, Trajectory, read_jsonl, write_jsonl
 from fixtures_postgres import postgres_url  # noqa: F401 - the session's PostgreSQL server

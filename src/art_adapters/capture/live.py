@@ -27,7 +27,7 @@ from typing import Any
 from ..conversations import message_key
 from ..redaction import Redactor, apply, drop_secrets
 from ..store import RewardConflict, TrajectoryStore, open_store
-from ..store.sql import check_id
+from ..store.records import check_id
 from ..trajectories import Trajectory
 from .scope import CURRENT
 

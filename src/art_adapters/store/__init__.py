@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .sql import RewardConflict, SQLiteStore, TrajectoryStore
+from .records import RewardConflict
+from .sql import TrajectoryStore
+from .sqlite import SQLiteStore
 
 __all__ = ["RewardConflict", "SQLiteStore", "TrajectoryStore", "open_store"]
 
