@@ -23,7 +23,7 @@ from art_adapters.capture.scope import rollout_key
 from art_adapters.capture.transport import AsyncRecordingTransport
 from art_adapters.inference import InferenceConfig
 from art_adapters.inference.config import RemoteEngine
-from art_adapters.inference.routing import DP_RANK_HEADER, PeerEngine, pick, route
+from art_adapters.inference.routing import DP_RANK_HEADER, MANAGED, PeerEngine, choose, pick, route
 from test_remote_backend import running
 
 
@@ -55,7 +55,7 @@ def test_route_names_a_replica_and_a_host() -> None:
     chosen = {key: route(server, key) for key in ("a", "b", "c", "d", "e", "f")}
     assert {u.base_url for u in chosen.values()} == {"http://127.0.0.1:1/v1", "http://host-b:8000/v1"}
     for key, upstream in chosen.items():
-        assert (upstream.peer is peer) == (pick(key, 2) == 1)
+        assert (upstream.peer is peer) == (choose(key, [MANAGED, peer.base_url]) == 1)
         if upstream.peer is peer:
             assert upstream.headers == {DP_RANK_HEADER: str(pick(f"{key}/replica", 2))}
     assert (
@@ -201,10 +201,15 @@ async def test_another_hosts_engine_gets_each_version_first_and_whole_rollouts(
                             ]
                     where[rollout_key(trajectory)] = hosts
                 for key, hosts in where.items():
-                    assert hosts == {"host b" if pick(key, 2) == 1 else "host a"}, (key, hosts)
+                    on_b = choose(key, [MANAGED, peer.base_url]) == 1
+                    assert hosts == {"host b" if on_b else "host a"}, (key, hosts)
                 chats = [body for kind, body in events if kind == "chat"]
                 assert chats and all(c["key"] == "Bearer host-b-key" and "@0" in c["model"] for c in chats)
                 assert events.index(("chat", chats[0])) > events.index(("load", loads[0]))
+            for _ in range(200):  # unloads there run in the background: a while (bounded) to arrive
+                if [body for kind, body in events if kind == "unload"]:
+                    break
+                await asyncio.sleep(0.05)
         finally:
             vllm_server.peers.remove(peer)
     assert [body["lora_name"] for kind, body in events if kind == "unload"]  # forgotten on close, there too

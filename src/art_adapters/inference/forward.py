@@ -33,12 +33,20 @@ HOP_HEADERS = frozenset(
     }
 )
 _ERROR_BODY_LIMIT = 64 * 1024
+_ENGINE_DEAD = re.compile(
+    rb"EngineCore encountered an issue|EngineDeadError|engine (?:is )?dead", re.IGNORECASE
+)
 # vLLM's unknown-model answer lists every name the engine serves ("Valid aliases: ...").
 _MODEL_NOT_FOUND = re.compile(r"model .* does not exist", re.IGNORECASE)
 
 
 def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def engine_dead(status: int, body: bytes) -> bool:
+    """Whether vLLM's error answer says its engine died (the request reached no engine: safe to send again)."""
+    return status >= 500 and bool(_ENGINE_DEAD.search(body))
 
 
 def end_to_end_headers(headers: httpx.Headers | Any) -> dict[str, str]:
@@ -70,6 +78,7 @@ class Forwarded(Response):
         on_done: Callable[[], None] | None = None,
         recover: Callable[[], Awaitable[httpx.Request | None]] | None = None,
         dead: Callable[[int, bytes], bool] | None = None,
+        retries: int = 1,
     ) -> None:
         self.client = client
         self.upstream = upstream
@@ -78,6 +87,7 @@ class Forwarded(Response):
         self.on_done = on_done
         self.recover = recover
         self.dead = dead
+        self.retries = retries if recover is not None else 0  # how many times `recover()` may be asked
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,30 +127,32 @@ class Forwarded(Response):
 
     async def _open(self, send: Send) -> httpx.Response | None:
         """The upstream's successful answer, its headers read; or None once an error answer was sent."""
-        retried = self.recover is None
-        while True:
+        for _ in range(self.retries + 1):
             try:
                 response = await self.client.send(self.upstream, stream=True)
             except httpx.HTTPError as error:
                 again = None
-                if not retried and isinstance(error, httpx.ConnectError):
+                if self.retries > 0 and isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+                    self.retries -= 1  # not connected: nothing was sent, so sending it again is safe
                     again = await self.recover()  # type: ignore[misc]
                 if again is None:
                     await _send_error(send, 502, f"inference server unreachable: {type(error).__name__}")
                     return None
-                self.upstream, retried = again, True
+                self.upstream = again
                 continue
             if response.status_code < 400:
                 return response
             body = await _bounded_body(response)
             await response.aclose()
-            if not retried and self.dead is not None and self.dead(response.status_code, body):
+            if self.retries > 0 and self.dead is not None and self.dead(response.status_code, body):
+                self.retries -= 1
                 again = await self.recover()  # type: ignore[misc]
                 if again is not None:
-                    self.upstream, retried = again, True
+                    self.upstream = again
                     continue
             await _send_whole(send, response, self._scrubbed(response.status_code, body), self.extra_headers)
             return None
+        raise AssertionError("unreachable: the last try answers")  # pragma: no cover
 
     def _scrubbed(self, status: int, body: bytes) -> bytes:
         """An error body, unless it is the engine's unknown-model answer (which lists every served name)."""

@@ -20,7 +20,6 @@ import asyncio
 import atexit
 import hmac
 import logging
-import re
 import secrets
 import threading
 import time
@@ -36,10 +35,10 @@ from starlette.routing import Route
 
 from ..calls import SERVED_HEADER, VERSION_HEADER
 from ..http_limits import ConnectionLimits, uvicorn_config
-from .forward import Forwarded, end_to_end_headers, openai_error
+from .forward import Forwarded, end_to_end_headers, engine_dead, openai_error
 from .process import find_free_port
 from .requests import RequestLimits, RequestRejected, parse_request, read_body
-from .routing import DP_RANK_HEADER, ROLLOUT_HEADER, route
+from .routing import DP_RANK_HEADER, ROLLOUT_HEADER, Upstream, route
 from .versions import ServedModel, Version, VersionTable
 from .vllm_server import InferenceServerError, VLLMServer
 
@@ -288,16 +287,23 @@ class Gateway:
         payload["model"] = version.adapter
         headers = {k: v for k, v in end_to_end_headers(request.headers).items() if k != DP_RANK_HEADER}
 
-        def upstream() -> httpx.Request:  # routed each time: a restarted engine may listen elsewhere
-            target = route(self.server, request.headers.get(ROLLOUT_HEADER))  # a rollout sticks to one engine
-            headers.update(target.headers, authorization=f"Bearer {target.api_key}")
-            url = f"{target.base_url}/{path}"
+        rollout, sent = request.headers.get(ROLLOUT_HEADER), list[Upstream]()
+
+        def upstream() -> httpx.Request:
+            """Routed each time (a restarted engine may listen elsewhere, a peer leave); a rollout sticks to one."""
+            sent.append(target := route(self.server, rollout, version.adapter))
+            key = {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}  # none: no header
+            url, sent_headers = f"{target.base_url}/{path}", {**headers, **target.headers, **key}
             return self.client.build_request(
-                "POST", url, params=request.query_params, headers=headers, json=payload
+                "POST", url, params=request.query_params, headers=sent_headers, json=payload
             )
 
         async def recover() -> httpx.Request | None:
-            """The engine was not there to serve it: if it died, wait for the watchdog to bring it back."""
+            """The engine was not there to serve it: another host's is taken out of routing and the request goes
+            to another engine; if the managed one died, wait for the watchdog to bring it back."""
+            if (peer := sent[-1].peer) is not None:
+                peer.take_out("did not answer a request")
+                return upstream()
             await self._restarted()
             return upstream() if await self._engine_ready(wait_s=600.0) else None
 
@@ -309,6 +315,7 @@ class Gateway:
             on_done=lambda: self._ended(model, version),
             recover=recover,
             dead=engine_dead,
+            retries=1 + len(getattr(self.server, "peers", [])),
         )
 
     def _began(self, version: Version) -> None:
@@ -418,16 +425,6 @@ class Gateway:
                 Route("/health", health, methods=["GET"]),
             ]
         )
-
-
-_ENGINE_DEAD = re.compile(
-    rb"EngineCore encountered an issue|EngineDeadError|engine (?:is )?dead", re.IGNORECASE
-)
-
-
-def engine_dead(status: int, body: bytes) -> bool:
-    """Whether vLLM's error answer says its engine died (the request reached no engine: safe to send again)."""
-    return status >= 500 and bool(_ENGINE_DEAD.search(body))
 
 
 def gateway_of(server: VLLMServer, limits: RequestLimits | None = None) -> Gateway:

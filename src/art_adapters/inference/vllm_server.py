@@ -52,6 +52,10 @@ def _resolve(path: str | os.PathLike[str]) -> Path:
     return Path(path).expanduser().resolve()
 
 
+def _named(path: str | os.PathLike[str]) -> Path:
+    return Path(path).expanduser().absolute()
+
+
 class InferenceServerError(RuntimeError):
     """The vLLM server failed to start, died, or rejected a management call."""
 
@@ -308,7 +312,9 @@ class VLLMServer:
             )
         t0 = time.perf_counter()
         await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p)})
-        await load_on_peers(self.peers, name, p)  # every engine holds the version before it is routed to
+        named = _named(path)  # the path as the user named it: path_map may name it through a symlink
+        # every engine holds the version before it is routed to; one out of routing is asked to load them again
+        await load_on_peers(self.peers, name, p, named, served=lambda: dict(self.loras))
         self.last_lora_load_ms = (time.perf_counter() - t0) * 1000
         self.loras[name] = p
         log.info("loaded LoRA %s from %s in %.1f ms", name, p, self.last_lora_load_ms)
