@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from art_adapters.trajectories import RolloutError
 from test_remote_backend import FakeBackend, running, trainable
 
 ray = pytest.importorskip("ray")
-from art_adapters.ray import gather_on_ray  # noqa: E402
+from art_adapters.ray import gather_on_ray, only_this_host  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +126,29 @@ async def test_a_loopback_endpoint_is_refused_on_a_cluster_of_several_nodes(
         ValueError, match=r"on this host's loopback, which the other 1 node\(s\) of the Ray cluster"
     ):
         await gather_on_ray(rollout, SCENARIOS, 1, model=model, pbar_desc=None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "127.1", "[::ffff:127.0.0.1]", "127.0.0.2", "LOCALHOST"])
+async def test_every_form_of_this_hosts_own_address_is_refused_on_a_cluster(
+    host: str, local_ray: Any, remote_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unspecified addresses and short or IPv4-mapped loopback forms each mean the calling node itself."""
+    model, url = remote_model
+    await model.register(RemoteBackend(url, "ray-key"))
+    port = url.rsplit(":", 1)[1]
+    model._endpoint = model._endpoint.model_copy(update={"base_url": f"http://{host}:{port}/v1"})
+    nodes = ray.nodes()
+    monkeypatch.setattr(ray, "nodes", lambda: [*nodes, {**nodes[0], "NodeID": "other", "Alive": True}])
+    with pytest.raises(ValueError, match=r"which the other 1 node\(s\) of the Ray cluster cannot reach"):
+        await gather_on_ray(rollout, SCENARIOS, 1, model=model, pbar_desc=None)
+
+
+def test_a_name_is_judged_by_what_it_resolves_to() -> None:
+    name = socket.gethostname()
+    addresses = {info[4][0] for info in socket.getaddrinfo(name, None)}
+    only_loopback = all(a.startswith("127.") or a in ("::1", "0.0.0.0", "::") for a in addresses)
+    assert only_this_host(name) == only_loopback
+    assert only_this_host("localhost") and only_this_host("api.localhost")
+    assert not only_this_host("192.0.2.7") and not only_this_host("[2001:db8::1]")
+    assert not only_this_host("::ffff:192.0.2.7")
+    assert not only_this_host("no-such-host.invalid")  # not resolvable here: not judged

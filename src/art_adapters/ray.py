@@ -9,6 +9,9 @@ which cannot train, log or delete through the server."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -18,6 +21,7 @@ from .trajectories import PydanticException, RolloutError, Trajectory, Trajector
 
 S = TypeVar("S")
 RolloutFn = Callable[[Model, Any], Awaitable[Trajectory]]
+RESOLVE_S = 5.0  # how long check_reachable waits on the resolver for an endpoint's host name
 
 
 def _ray() -> Any:
@@ -46,20 +50,73 @@ def check_reachable(model: Model, ray: Any) -> None:
     own 127.0.0.1 (a LocalBackend's gateway listens on loopback only)."""
     from urllib.parse import urlparse
 
-    from .backend.launch import is_loopback
-
     endpoint = model._endpoint
     if endpoint is None:
         return
     host = urlparse(endpoint.base_url).hostname or ""
     nodes = [node for node in ray.nodes() if node.get("Alive")]
-    if len(nodes) > 1 and is_loopback(host):
+    if len(nodes) > 1 and only_this_host(host):
         raise ValueError(
             f"the model's inference endpoint {endpoint.base_url} is on this host's loopback, which the other "
             f"{len(nodes) - 1} node(s) of the Ray cluster cannot reach: serve the backend on a routable address "
             "(`art-adapters serve --host 0.0.0.0 --api-key ... --inference-key ...`) and register the model "
             "through RemoteBackend(that address)"
         )
+
+
+def only_this_host(host: str, resolve_s: float = RESOLVE_S) -> bool:
+    """Whether `host` (a URL's host) reaches only the machine it is used on: a loopback or unspecified address in
+    any form (`127.1`, `::ffff:127.0.0.1`, `0.0.0.0`, `[::]`), `localhost`, or a name that resolves (within
+    `resolve_s`) to such addresses only. A name that does not resolve here is not judged (False)."""
+    text = host.strip().strip("[]").rstrip(".").lower()
+    if not text:
+        return False
+    if text == "localhost" or text.endswith(".localhost"):
+        return True
+    address = _literal(text)
+    if address is not None:
+        return _local(address)
+    resolved = _resolve(text, resolve_s)
+    return bool(resolved) and all(_local(a) for a in resolved)
+
+
+def _literal(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`text` as an address, short IPv4 forms included (`127.1`, `2130706433`: what a resolver would make of them)."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    if not all(c.isalnum() or c == "." for c in text):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(text))
+    except OSError:
+        return None
+
+
+def _local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified
+
+
+def _resolve(name: str, wait_s: float) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses `name` resolves to here ([] when it does not, or not within `wait_s`)."""
+    found: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return
+        found.extend(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos)
+
+    thread = threading.Thread(
+        target=lookup, name="art-resolve", daemon=True
+    )  # a stuck resolver is left behind
+    thread.start()
+    thread.join(wait_s)
+    return [] if thread.is_alive() else list(found)
 
 
 def rebuild_model(spec: dict[str, Any]) -> Model:
