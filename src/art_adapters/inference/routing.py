@@ -154,8 +154,11 @@ class PeerEngine:
         self.loras.clear()
         try:
             for _ in range(3):  # a version published meanwhile is loaded on the next round
-                missing = {n: p for n, p in served().items() if n not in self.loras}
+                wanted = served()
+                missing = {n: p for n, p in wanted.items() if n not in self.loras}
                 if not missing:
+                    for name in [n for n in self.loras if n not in wanted]:  # unloaded here meanwhile
+                        self.unload_lora(name)
                     self.unload_failures = 0
                     self.healthy = True
                     log.warning(

@@ -321,9 +321,9 @@ class VLLMServer:
         return self.last_lora_load_ms
 
     async def unload_lora(self, name: str) -> None:
+        await unload_on_peers(self.peers, name)  # in the background, first: no longer routed there either way
         await self._post("/v1/unload_lora_adapter", {"lora_name": name})
         self.loras.pop(name, None)
-        await unload_on_peers(self.peers, name)
 
     async def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.25) -> None:
         """Reset the prefix cache, checking vLLM's answer: it says `{"success": false}` (with HTTP 200) while
