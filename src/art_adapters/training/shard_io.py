@@ -1,7 +1,8 @@
 """A sharded trainer's checkpoint, in the one-process files: every process takes part in gathering the adapter and
 optimizer state, the leader alone writes; on resume the leader alone reads (another host needs no shared
 filesystem) and scatters each tensor, every process receiving only its shard. A file the leader cannot read or
-write is an error every process raises alike (`parallel.agree`), so the group stays in step."""
+write is an error every process raises alike (`parallel.agree`), so the group stays in step. Every collective here
+runs on the transfer group: a rank hung in a save or load takes the group down within collective_timeout_s."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def save_sharded(trainer: Trainer, directory: Path) -> Path:
             write_trainer_files(trainer, directory, config, params, optimizer)
         except Exception as failure:  # a full disk, a folder gone: every process reports it, none aborts
             error = failure
-    agree(parallel, error, group=parallel.control)
+    agree(parallel, error, group=parallel.bounded)
     return directory
 
 
@@ -52,16 +53,25 @@ def load_sharded(trainer: Trainer, directory: Path) -> None:
             saved = _read(trainer, directory, named)
         except Exception as failure:
             error = failure
-    agree(parallel, error, group=parallel.control)
+    agree(parallel, error, group=parallel.bounded)
     manifest = json.loads(
-        broadcast_bytes(json.dumps(_manifest(saved)).encode() if parallel.leader else None, parallel)
+        broadcast_bytes(
+            json.dumps(_manifest(saved)).encode() if parallel.leader else None,
+            parallel,
+            group=parallel.bounded,
+        )
     )
     for name in trainable:
-        scatter_into(named[name], saved["params"][name] if parallel.leader else None, parallel)
+        scatter_into(
+            named[name], saved["params"][name] if parallel.leader else None, parallel, group=parallel.bounded
+        )
     if manifest["optimizer"] is not None:
         trainer.optimizer.load_state_dict(_optimizer_state(trainer, manifest["optimizer"], saved, parallel))
     if manifest["rng"] is not None:
-        torch.set_rng_state(broadcast_tensor(saved.get("rng"), manifest["rng"], torch.uint8, parallel))
+        rng = broadcast_tensor(
+            saved.get("rng"), manifest["rng"], torch.uint8, parallel, group=parallel.bounded
+        )
+        torch.set_rng_state(rng)
     trainer.step = int(manifest["step"])
 
 
@@ -152,10 +162,12 @@ def _optimizer_state(
             dtype = getattr(torch, entry["dtype"])
             if is_sharded(param) and entry["shape"] == list(param.shape):
                 target = torch.empty_like(param, dtype=dtype)
-                scatter_into(target, value, parallel)
+                scatter_into(target, value, parallel, group=parallel.bounded)
                 state[index][key] = target
             else:
-                state[index][key] = broadcast_tensor(value, entry["shape"], dtype, parallel)
+                state[index][key] = broadcast_tensor(
+                    value, entry["shape"], dtype, parallel, group=parallel.bounded
+                )
     return {"state": state, "param_groups": manifest["param_groups"]}
 
 

@@ -90,7 +90,7 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
         trainer._weight_probe = WeightProbe(trainer.scorer, trainer.model)  # type: ignore[attr-defined]
     if trainer.parallel is None:
         return [mine]
-    gathered = all_gather_bytes(json.dumps(mine).encode(), trainer.parallel)
+    gathered = all_gather_bytes(json.dumps(mine).encode(), trainer.parallel, group=trainer.parallel.bounded)
     return [json.loads(raw) for raw in gathered]
 
 
