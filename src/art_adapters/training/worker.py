@@ -21,14 +21,14 @@ import traceback
 from contextlib import nullcontext
 from typing import Any, NoReturn
 
-from ..config import LoRAConfig, SFTConfig, TrainConfig
+from ..config import TRAINER_HEARTBEAT_S, LoRAConfig, SFTConfig, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
 from .parallel import AgreedError, Parallel, all_gather_bytes, broadcast_bytes, join
 from .rendezvous import TOKEN_ENV, check_group, facts
 from .trainer import Trainer
 from .wire import receive, send
 
-HEARTBEAT_S = 2.0
+HEARTBEAT_S = TRAINER_HEARTBEAT_S
 IDLE_PING_S = 300.0  # the leader wakes the control group this often while the backend sends nothing
 
 
