@@ -147,3 +147,34 @@ def test_a_tmpdir_too_long_for_a_unix_socket_still_works(
     finally:
         trainer.close()
     assert not folder.exists() and not list(long.glob("art-trainer-*"))
+
+
+def test_a_damaged_checkpoint_is_an_error_every_rank_agrees_on(tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+
+    trainer = ShardedTrainer(tiny_model_path(), HEAD, processes=2, options=FAST)
+    try:
+        trainer.train_step(
+            rollouts(single_trainer(), seed=4), TrainConfig(learning_rate=LR, micro_batch_tokens=64)
+        )
+        good = trainer.save(tmp_path / "good")
+        damages = {
+            "step": lambda s: s.__setitem__("step", "seven"),
+            "index": lambda s: s["optimizer"]["state"].__setitem__(999, s["optimizer"]["state"][0]),
+            "rng": lambda s: s.__setitem__("rng", torch.zeros(7, dtype=torch.uint8)),
+        }
+        for name, damage in damages.items():
+            folder = tmp_path / name
+            shutil.copytree(good, folder)
+            saved = torch.load(folder / "optimizer.pt", weights_only=True)
+            damage(saved)
+            torch.save(saved, folder / "optimizer.pt")
+            error = _bounded(lambda folder=folder: trainer.load(folder))
+            assert isinstance(error, TrainerProcessError) and "ValueError" in str(error), (name, error)
+            assert trainer.alive and trainer.step == 1, name
+        trainer.load(good)
+        assert trainer.alive and trainer.step == 1
+    finally:
+        trainer.close()

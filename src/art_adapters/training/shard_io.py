@@ -47,20 +47,16 @@ def load_sharded(trainer: Trainer, directory: Path) -> None:
     named = dict(trainer.model.named_parameters())  # the same order on every process
     trainable = [n for n, p in named.items() if p.requires_grad]
     saved: dict[str, Any] = {}
+    described: bytes | None = None
     error: Exception | None = None
     if parallel.leader:
-        try:
+        try:  # everything checked here, before the ranks agree: past it, a failure would abort the group
             saved = _read(trainer, directory, named)
+            described = json.dumps(_manifest(trainer, saved, directory)).encode()
         except Exception as failure:
             error = failure
     agree(parallel, error, group=parallel.bounded)
-    manifest = json.loads(
-        broadcast_bytes(
-            json.dumps(_manifest(saved)).encode() if parallel.leader else None,
-            parallel,
-            group=parallel.bounded,
-        )
-    )
+    manifest = json.loads(broadcast_bytes(described, parallel, group=parallel.bounded))
     for name in trainable:
         scatter_into(
             named[name], saved["params"][name] if parallel.leader else None, parallel, group=parallel.bounded
@@ -117,13 +113,17 @@ def _adapter_params(
     return params
 
 
-def _manifest(saved: dict[str, Any]) -> dict[str, Any]:
-    """What the other processes need to receive the leader's tensors: shapes, dtypes and the plain values."""
-    if not saved:
-        return {}
+def _manifest(trainer: Trainer, saved: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """What the other processes need to receive the leader's tensors: shapes, dtypes and the plain values. Raises
+    (on the leader, before the ranks agree) for a checkpoint this trainer cannot take: a step that is not a
+    whole number, optimizer state this model's parameters do not fit, an RNG state of another size."""
+    step = saved.get("step")
+    if isinstance(step, bool) or not isinstance(step, int | float) or step != int(step) or step < 0:
+        raise ValueError(f"checkpoint {directory} has step {step!r}, not a whole number")
     optimizer = saved.get("optimizer")
     entries = None
     if optimizer is not None:
+        _check_optimizer(trainer, optimizer, directory)
         entries = {
             "param_groups": optimizer["param_groups"],
             "state": {
@@ -137,11 +137,33 @@ def _manifest(saved: dict[str, Any]) -> dict[str, Any]:
             },
         }
     rng = saved.get("rng")
-    return {
-        "step": int(saved["step"]),
-        "optimizer": entries,
-        "rng": list(rng.shape) if rng is not None else None,
-    }
+    if rng is not None:
+        expected = torch.get_rng_state()
+        if not isinstance(rng, torch.Tensor) or rng.dtype != expected.dtype or rng.shape != expected.shape:
+            raise ValueError(f"checkpoint {directory} has an RNG state this process cannot take")
+    return {"step": int(step), "optimizer": entries, "rng": list(rng.shape) if rng is not None else None}
+
+
+def _check_optimizer(trainer: Trainer, optimizer: Any, directory: Path) -> None:
+    """The saved optimizer state fits this model: its groups, parameter indices and per-parameter tensor shapes."""
+    bad = ValueError(f"checkpoint {directory} has optimizer state this model's parameters do not fit")
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict):
+        raise bad
+    groups, ours = optimizer.get("param_groups"), trainer.optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(ours):
+        raise bad
+    for group, our in zip(groups, ours, strict=True):
+        if not isinstance(group, dict) or len(group.get("params", ())) != len(our["params"]):
+            raise bad
+    for index, values in optimizer["state"].items():
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(trainer.params):
+            raise bad
+        if not isinstance(values, dict):
+            raise bad
+        shape = tuple(trainer.params[index].shape)
+        for value in values.values():
+            if isinstance(value, torch.Tensor) and value.numel() > 1 and tuple(value.shape) != shape:
+                raise bad
 
 
 def _optimizer_state(
