@@ -178,3 +178,19 @@ def test_a_damaged_checkpoint_is_an_error_every_rank_agrees_on(tmp_path: Path) -
         assert trainer.alive and trainer.step == 1
     finally:
         trainer.close()
+
+
+def test_the_weights_fingerprint_sees_a_tensor_past_the_first_mib(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from art_adapters.training.weights import weights_fingerprint
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"a.weight": torch.randn(1024, 512, generator=generator), "b.weight": torch.randn(512, 512)}
+    folders = [tmp_path / "base", tmp_path / "merged"]
+    for folder, shift in zip(folders, (0.0, 0.5), strict=True):
+        folder.mkdir()
+        save_file({**tensors, "b.weight": tensors["b.weight"] + shift}, str(folder / "model.safetensors"))
+    assert weights_fingerprint(folders[0]) != weights_fingerprint(folders[1])
+    assert weights_fingerprint(folders[0]) == weights_fingerprint(folders[0])
