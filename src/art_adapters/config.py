@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class TrainConfig(BaseModel):
@@ -193,6 +193,11 @@ class LoRAConfig(BaseModel):
     modules_to_save: list[str] = Field(default_factory=list)
 
 
+TRAINER_HEARTBEAT_S = (
+    2.0  # how often a sharded trainer's leader tells the backend it is alive during a command
+)
+
+
 class ShardedTrainerOptions(BaseModel):
     """How a sharded trainer (`LocalBackend(trainer_processes=N)`) runs, beyond how many processes."""
 
@@ -207,9 +212,23 @@ class ShardedTrainerOptions(BaseModel):
     collective_timeout_s: float = Field(
         60.0,
         gt=0,
+        allow_inf_nan=False,
         description="How long a process waits in one collective for its peers before the group is declared "
         "broken (a hung or dead peer); far above the skew between processes inside a step.",
     )
     heartbeat_timeout_s: float = Field(
-        30.0, gt=0, description="How long the backend waits without word from the trainer's leader."
+        30.0,
+        allow_inf_nan=False,
+        description="How long the backend waits without word from the trainer's leader (which beats every "
+        f"{TRAINER_HEARTBEAT_S:g} s): at least {2 * TRAINER_HEARTBEAT_S:g} s.",
     )
+
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _beats_fit(cls, value: float) -> float:
+        if not value >= 2 * TRAINER_HEARTBEAT_S:
+            raise ValueError(
+                f"heartbeat_timeout_s must be at least {2 * TRAINER_HEARTBEAT_S:g} s (twice the leader's "
+                f"{TRAINER_HEARTBEAT_S:g} s heartbeat), not {value:g}: a shorter one kills healthy trainers"
+            )
+        return value

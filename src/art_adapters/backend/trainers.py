@@ -5,6 +5,7 @@ replacing a trainer that died (a failed rank, a lost process) from the last chec
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,6 +171,11 @@ class TrainerHost:
             trainer = state.trainer = await asyncio.to_thread(
                 self._load_trainer, state.model, state.directory
             )
+            if trainer.step != state.step:  # a save abandoned mid-way that completed: the disk is the truth
+                log.warning(
+                    "model %s: the last checkpoint is %04d, not %04d", state.name, trainer.step, state.step
+                )
+                state.step = trainer.step
         return trainer
 
     async def _run_trainer(self, state: Registered, work: Any) -> dict[str, Any]:
@@ -181,6 +187,16 @@ class TrainerHost:
         if state.abandoned is not None:  # wait out an abandoned step: it still uses the trainer's weights
             await asyncio.gather(state.abandoned, return_exceptions=True)
             state.abandoned = None
+        if state.trainer is not None and state.trainer.step != state.step:  # a step left unsaved (its caller
+            # went away between the update and the save): no checkpoint holds its weights
+            log.warning(
+                "model %s: the trainer is at step %d, not %d; reloading",
+                state.name,
+                state.trainer.step,
+                state.step,
+            )
+            trainer, state.trainer = state.trainer, None
+            await asyncio.to_thread(trainer.close)
         trainer = await self._live_trainer(state)
         before = trainer.step
         dedicated = self.dedicated(state)
@@ -209,24 +225,37 @@ class TrainerHost:
 
     async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
         """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`), serve
-        it."""
+        it. A save that fails or whose caller is cancelled drops the trainer (its thread finishes on its own): the
+        next call reloads from the last complete checkpoint, and `state.step` follows what is on disk."""
         from .. import checkpoints
 
         trainer = state.trainer
         assert trainer is not None
         if trainer.step != state.step + 1:
             state.trainer = None
+            await asyncio.to_thread(trainer.close)
             raise RuntimeError(
                 f"trainer is at step {trainer.step}, expected {state.step + 1}; reload from disk"
             )
-        if unchanged and state.step in checkpoints.list_steps(state.directory):
-            moved = await asyncio.to_thread(
-                checkpoints.move_checkpoint, state.directory, state.step, trainer.step
-            )
-            await state.gateway.moved(state.name, state.step, moved)  # still served (same weights)
+        old, new = state.step, trainer.step
+        move = unchanged and old in checkpoints.list_steps(state.directory)
+        if move:
+            work = functools.partial(checkpoints.move_checkpoint, state.directory, old, new)
         else:
-            await asyncio.to_thread(checkpoints.save_checkpoint, state.directory, trainer.step, trainer.save)
-        state.step = trainer.step
+            work = functools.partial(checkpoints.save_checkpoint, state.directory, new, trainer.save)
+        running = asyncio.ensure_future(asyncio.to_thread(work))
+        try:
+            moved = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            state.trainer, state.abandoned = None, asyncio.ensure_future(_drop(running, trainer))
+            raise
+        except BaseException:
+            state.trainer = None  # at a step no checkpoint may hold: the next call reloads from disk
+            await asyncio.to_thread(trainer.close)
+            raise
+        state.step = new
+        if move:
+            await state.gateway.moved(state.name, old, moved)  # still served (same weights)
         await publish_step(state, state.step)
 
 

@@ -2,9 +2,11 @@
 timeouts), the collectives the trainer runs outside FSDP2 (metric sums, agreement on an error, rank 0's bytes and
 tensors on every process), and each process's share of a step's micro-batches.
 
-Two groups: the training group (FSDP2's all-gathers and reduce-scatters, metric sums; `collective_timeout_s`, so
-a hung or dead peer makes every other rank raise within that bound) and a CPU control group (commands, checkpoint
-bytes; a long timeout, since ranks idle there between steps while the leader waits for the backend)."""
+Three groups: the training group (FSDP2's all-gathers and reduce-scatters, metric sums; `collective_timeout_s`, so
+a hung or dead peer makes every other rank raise within that bound), a CPU control group (commands and start-up;
+a long timeout, since ranks idle there between steps while the leader waits for the backend), and a CPU transfer
+group (checkpoint bytes and tensors, memory reports: `collective_timeout_s` per collective, so a rank hung in a
+save, a load or a memory report takes the group down within that bound, however large the checkpoint)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,13 @@ class Parallel:
     local_rank: int
     nodes: int
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh: 1-D (FSDP) or ("replicate", "shard") (HSDP)
-    control: Any  # the CPU (gloo) group for commands and checkpoint bytes
+    control: Any  # the CPU (gloo) group for commands and start-up (CONTROL_TIMEOUT_S)
+    transfer: Any = None  # the CPU (gloo) group for checkpoints and memory reports (collective_timeout_s)
+
+    @property
+    def bounded(self) -> Any:
+        """The CPU group whose collectives time out after collective_timeout_s (the control group if none)."""
+        return self.control if self.transfer is None else self.transfer
 
     @property
     def leader(self) -> bool:
@@ -91,11 +99,20 @@ def join(
         timeout=timedelta(seconds=collective_timeout_s),
     )
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
+    transfer = dist.new_group(backend="gloo", timeout=timedelta(seconds=collective_timeout_s))
     if hsdp and nodes > 1:
         mesh = init_device_mesh(device_type, (nodes, world // nodes), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device_type, (world,))
-    return Parallel(rank=rank, world=world, local_rank=local_rank, nodes=nodes, mesh=mesh, control=control)
+    return Parallel(
+        rank=rank,
+        world=world,
+        local_rank=local_rank,
+        nodes=nodes,
+        mesh=mesh,
+        control=control,
+        transfer=transfer,
+    )
 
 
 # --- collectives outside FSDP2 ----------------------------------------------------------------------------------
@@ -149,12 +166,16 @@ def broadcast_bytes(payload: bytes | None, parallel: Parallel, *, src: int = 0, 
     return bytes(buffer.numpy().tobytes())
 
 
-def all_gather_bytes(payload: bytes, parallel: Parallel, limit: int | None = None) -> list[bytes]:
-    """Every process's bytes, in rank order, on every process (control group). `limit`: refuse (on every process
-    alike) a length over it before allocating for it: what the join exchanges before a peer is authenticated."""
+def all_gather_bytes(
+    payload: bytes, parallel: Parallel, limit: int | None = None, *, group: Any = None
+) -> list[bytes]:
+    """Every process's bytes, in rank order, on every process (the control group unless `group` is given).
+    `limit`: refuse (on every process alike) a length over it before allocating for it: what the join exchanges
+    before a peer is authenticated."""
+    group = parallel.control if group is None else group
     size = torch.tensor([len(payload)], dtype=torch.long)
     sizes = [torch.zeros(1, dtype=torch.long) for _ in range(parallel.world)]
-    dist.all_gather(sizes, size, group=parallel.control)
+    dist.all_gather(sizes, size, group=group)
     for rank, declared in enumerate(int(s.item()) for s in sizes):
         if declared < 0 or (limit is not None and declared > limit):
             raise ConnectionError(f"rank {rank} declared {declared} bytes where at most {limit} are expected")
@@ -162,29 +183,32 @@ def all_gather_bytes(payload: bytes, parallel: Parallel, limit: int | None = Non
     mine = torch.zeros(width, dtype=torch.uint8)
     mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else mine[:0]
     everyone = [torch.empty(width, dtype=torch.uint8) for _ in range(parallel.world)]
-    dist.all_gather(everyone, mine, group=parallel.control)
+    dist.all_gather(everyone, mine, group=group)
     return [bytes(t[: int(s.item())].numpy().tobytes()) for t, s in zip(everyone, sizes, strict=True)]
 
 
 def broadcast_tensor(
-    value: torch.Tensor | None, shape: list[int], dtype: torch.dtype, parallel: Parallel
+    value: torch.Tensor | None, shape: list[int], dtype: torch.dtype, parallel: Parallel, *, group: Any = None
 ) -> Any:
-    """Rank 0's whole tensor on every process (control group, CPU)."""
+    """Rank 0's whole tensor on every process (CPU; the control group unless `group` is given)."""
     tensor = value.detach().to("cpu", dtype).contiguous() if parallel.leader and value is not None else None
     if tensor is None:
         tensor = torch.empty(shape, dtype=dtype)
-    dist.broadcast(tensor, src=0, group=parallel.control)
+    dist.broadcast(tensor, src=0, group=parallel.control if group is None else group)
     return tensor
 
 
-def scatter_into(param: torch.Tensor, value: torch.Tensor | None, parallel: Parallel) -> None:
+def scatter_into(
+    param: torch.Tensor, value: torch.Tensor | None, parallel: Parallel, *, group: Any = None
+) -> None:
     """Fill a sharded parameter (or optimizer state) from rank 0's whole `value`: each process receives only its
-    own shard (the others pass None)."""
+    own shard (the others pass None). `group`: the CPU group for a parameter that is not sharded."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     with torch.no_grad():
         if not isinstance(param, DTensor):
-            param.copy_(broadcast_tensor(value, list(param.shape), param.dtype, parallel).to(param.device))
+            whole = broadcast_tensor(value, list(param.shape), param.dtype, parallel, group=group)
+            param.copy_(whole.to(param.device))
             return
         local = param.to_local()
         source = (

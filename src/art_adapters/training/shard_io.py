@@ -1,7 +1,8 @@
 """A sharded trainer's checkpoint, in the one-process files: every process takes part in gathering the adapter and
 optimizer state, the leader alone writes; on resume the leader alone reads (another host needs no shared
 filesystem) and scatters each tensor, every process receiving only its shard. A file the leader cannot read or
-write is an error every process raises alike (`parallel.agree`), so the group stays in step."""
+write is an error every process raises alike (`parallel.agree`), so the group stays in step. Every collective here
+runs on the transfer group: a rank hung in a save or load takes the group down within collective_timeout_s."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def save_sharded(trainer: Trainer, directory: Path) -> Path:
             write_trainer_files(trainer, directory, config, params, optimizer)
         except Exception as failure:  # a full disk, a folder gone: every process reports it, none aborts
             error = failure
-    agree(parallel, error, group=parallel.control)
+    agree(parallel, error, group=parallel.bounded)
     return directory
 
 
@@ -46,22 +47,27 @@ def load_sharded(trainer: Trainer, directory: Path) -> None:
     named = dict(trainer.model.named_parameters())  # the same order on every process
     trainable = [n for n, p in named.items() if p.requires_grad]
     saved: dict[str, Any] = {}
+    described: bytes | None = None
     error: Exception | None = None
     if parallel.leader:
-        try:
+        try:  # everything checked here, before the ranks agree: past it, a failure would abort the group
             saved = _read(trainer, directory, named)
+            described = json.dumps(_manifest(trainer, saved, directory)).encode()
         except Exception as failure:
             error = failure
-    agree(parallel, error, group=parallel.control)
-    manifest = json.loads(
-        broadcast_bytes(json.dumps(_manifest(saved)).encode() if parallel.leader else None, parallel)
-    )
+    agree(parallel, error, group=parallel.bounded)
+    manifest = json.loads(broadcast_bytes(described, parallel, group=parallel.bounded))
     for name in trainable:
-        scatter_into(named[name], saved["params"][name] if parallel.leader else None, parallel)
+        scatter_into(
+            named[name], saved["params"][name] if parallel.leader else None, parallel, group=parallel.bounded
+        )
     if manifest["optimizer"] is not None:
         trainer.optimizer.load_state_dict(_optimizer_state(trainer, manifest["optimizer"], saved, parallel))
     if manifest["rng"] is not None:
-        torch.set_rng_state(broadcast_tensor(saved.get("rng"), manifest["rng"], torch.uint8, parallel))
+        rng = broadcast_tensor(
+            saved.get("rng"), manifest["rng"], torch.uint8, parallel, group=parallel.bounded
+        )
+        torch.set_rng_state(rng)
     trainer.step = int(manifest["step"])
 
 
@@ -107,13 +113,17 @@ def _adapter_params(
     return params
 
 
-def _manifest(saved: dict[str, Any]) -> dict[str, Any]:
-    """What the other processes need to receive the leader's tensors: shapes, dtypes and the plain values."""
-    if not saved:
-        return {}
+def _manifest(trainer: Trainer, saved: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """What the other processes need to receive the leader's tensors: shapes, dtypes and the plain values. Raises
+    (on the leader, before the ranks agree) for a checkpoint this trainer cannot take: a step that is not a
+    whole number, optimizer state this model's parameters do not fit, an RNG state of another size."""
+    step = saved.get("step")
+    if isinstance(step, bool) or not isinstance(step, int | float) or step != int(step) or step < 0:
+        raise ValueError(f"checkpoint {directory} has step {step!r}, not a whole number")
     optimizer = saved.get("optimizer")
     entries = None
     if optimizer is not None:
+        _check_optimizer(trainer, optimizer, directory)
         entries = {
             "param_groups": optimizer["param_groups"],
             "state": {
@@ -127,11 +137,33 @@ def _manifest(saved: dict[str, Any]) -> dict[str, Any]:
             },
         }
     rng = saved.get("rng")
-    return {
-        "step": int(saved["step"]),
-        "optimizer": entries,
-        "rng": list(rng.shape) if rng is not None else None,
-    }
+    if rng is not None:
+        expected = torch.get_rng_state()
+        if not isinstance(rng, torch.Tensor) or rng.dtype != expected.dtype or rng.shape != expected.shape:
+            raise ValueError(f"checkpoint {directory} has an RNG state this process cannot take")
+    return {"step": int(step), "optimizer": entries, "rng": list(rng.shape) if rng is not None else None}
+
+
+def _check_optimizer(trainer: Trainer, optimizer: Any, directory: Path) -> None:
+    """The saved optimizer state fits this model: its groups, parameter indices and per-parameter tensor shapes."""
+    bad = ValueError(f"checkpoint {directory} has optimizer state this model's parameters do not fit")
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict):
+        raise bad
+    groups, ours = optimizer.get("param_groups"), trainer.optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(ours):
+        raise bad
+    for group, our in zip(groups, ours, strict=True):
+        if not isinstance(group, dict) or len(group.get("params", ())) != len(our["params"]):
+            raise bad
+    for index, values in optimizer["state"].items():
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(trainer.params):
+            raise bad
+        if not isinstance(values, dict):
+            raise bad
+        shape = tuple(trainer.params[index].shape)
+        for value in values.values():
+            if isinstance(value, torch.Tensor) and value.numel() > 1 and tuple(value.shape) != shape:
+                raise bad
 
 
 def _optimizer_state(
@@ -152,10 +184,12 @@ def _optimizer_state(
             dtype = getattr(torch, entry["dtype"])
             if is_sharded(param) and entry["shape"] == list(param.shape):
                 target = torch.empty_like(param, dtype=dtype)
-                scatter_into(target, value, parallel)
+                scatter_into(target, value, parallel, group=parallel.bounded)
                 state[index][key] = target
             else:
-                state[index][key] = broadcast_tensor(value, entry["shape"], dtype, parallel)
+                state[index][key] = broadcast_tensor(
+                    value, entry["shape"], dtype, parallel, group=parallel.bounded
+                )
     return {"state": state, "param_groups": manifest["param_groups"]}
 
 

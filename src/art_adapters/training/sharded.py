@@ -11,6 +11,7 @@ seconds whatever the processes do."""
 from __future__ import annotations
 
 import logging
+import os
 import select
 import shutil
 import socket
@@ -33,6 +34,7 @@ from .wire import receive, send
 log = logging.getLogger(__name__)
 Metrics = dict[str, Any]
 POLL_S = 0.25
+SOCKET_PATH_MAX = 100  # bytes of a Unix socket's path (sun_path holds 108 on Linux, 104 on macOS)
 
 
 class TrainerProcessError(RuntimeError):
@@ -83,9 +85,6 @@ class ShardedTrainer:
         self._lock = threading.Lock()
         self._dead: str | None = None
         self._conn: socket.socket | None = None
-        self._folder = Path(
-            tempfile.mkdtemp(prefix="art-trainer-")
-        )  # 0700: only this user reaches the socket
         spec = WorkerSpec(
             base_model=self.base_model,
             lora=self.lora,
@@ -98,6 +97,7 @@ class ShardedTrainer:
             collective_timeout_s=options.collective_timeout_s,
             hsdp=options.hsdp,
         )
+        self._folder = _private_folder()  # 0700: only this user reaches the socket
         store = f"tcp:{master}" if nodes > 1 else f"file:{self._folder / 'store'}"
         for node in range(1, nodes):
             log.info(
@@ -109,9 +109,9 @@ class ShardedTrainer:
                 spec.join_command(node, str(master)),
             )
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(self._folder / "control.sock"))
-        listener.listen(1)
         try:
+            listener.bind(str(self._folder / "control.sock"))
+            listener.listen(1)
             self._ranks = Ranks(
                 spec.argv(store, worker_module or launcher.WORKER_MODULE)
                 + [f"--socket={self._folder / 'control.sock'}"],
@@ -313,6 +313,16 @@ class ShardedTrainer:
 
 def _exit_text(code: int) -> str:
     return f"signal {-code}" if code < 0 else f"code {code}"
+
+
+def _private_folder() -> Path:
+    """A new folder only this user reaches (0700), for the control socket and the store: under the temporary
+    directory, or under /tmp when that path is too long for a Unix socket (a long TMPDIR on a cluster)."""
+    folder = Path(tempfile.mkdtemp(prefix="art-trainer-"))
+    if len(os.fsencode(folder / "control.sock")) <= SOCKET_PATH_MAX:
+        return folder
+    folder.rmdir()
+    return Path(tempfile.mkdtemp(prefix="art-trainer-", dir="/tmp"))
 
 
 def _stop(ranks: Ranks, folder: Path) -> None:

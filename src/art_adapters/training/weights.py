@@ -77,13 +77,23 @@ class CheckpointReader:
         return torch.frombuffer(buffer, dtype=dtype).reshape(entry["shape"])
 
 
+FINGERPRINT_SAMPLES = 64  # chunks sampled from each weights file, the last one ending the file
+FINGERPRINT_CHUNK = 1 << 16
+
+
 def weights_fingerprint(folder: str | Path) -> str:
-    """A cheap fingerprint of a checkpoint's weights: each file's header, size and first MiB of data (two hosts
-    with different weights of the same architecture differ here; reading every byte would take minutes)."""
+    """A cheap fingerprint of a checkpoint's weights: each file's size, header, first MiB of data and
+    FINGERPRINT_SAMPLES chunks spread evenly over the rest (two hosts with different weights of the same
+    architecture differ here, even in a late tensor; reading every byte would take minutes)."""
     digest = hashlib.sha256()
     for path in checkpoint_files(Path(folder)):
         start, _ = _header(path)
+        size = path.stat().st_size
+        digest.update(str(size).encode())
         with path.open("rb") as f:
             digest.update(f.read(start + (1 << 20)))
-        digest.update(str(path.stat().st_size).encode())
+            rest = max(size - FINGERPRINT_CHUNK, 0)
+            for i in range(FINGERPRINT_SAMPLES + 1):
+                f.seek(rest * i // FINGERPRINT_SAMPLES)
+                digest.update(f.read(FINGERPRINT_CHUNK))
     return digest.hexdigest()

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import select
+import shutil
 import socket
 import sys
 import threading
@@ -21,15 +22,16 @@ import traceback
 from contextlib import nullcontext
 from typing import Any, NoReturn
 
-from ..config import LoRAConfig, SFTConfig, TrainConfig
+from ..config import TRAINER_HEARTBEAT_S, LoRAConfig, SFTConfig, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
 from .parallel import AgreedError, Parallel, all_gather_bytes, broadcast_bytes, join
 from .rendezvous import TOKEN_ENV, check_group, facts
 from .trainer import Trainer
 from .wire import receive, send
 
-HEARTBEAT_S = 2.0
+HEARTBEAT_S = TRAINER_HEARTBEAT_S
 IDLE_PING_S = 300.0  # the leader wakes the control group this often while the backend sends nothing
+PARENT_POLL_S = 2.0  # how often a process checks that the backend (or launcher) that started it still runs
 
 
 def run(trainer: Trainer, command: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +92,7 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
         trainer._weight_probe = WeightProbe(trainer.scorer, trainer.model)  # type: ignore[attr-defined]
     if trainer.parallel is None:
         return [mine]
-    gathered = all_gather_bytes(json.dumps(mine).encode(), trainer.parallel)
+    gathered = all_gather_bytes(json.dumps(mine).encode(), trainer.parallel, group=trainer.parallel.bounded)
     return [json.loads(raw) for raw in gathered]
 
 
@@ -135,8 +137,8 @@ class Heartbeat:
                     return
 
 
-def serve(trainer: Trainer, parallel: Parallel, conn: socket.socket | None) -> None:
-    """Run commands until `close` (or until the backend's socket closes)."""
+def serve(trainer: Trainer, parallel: Parallel, conn: socket.socket | None) -> bool:
+    """Run commands until `close` (or until the backend's socket closes: then True)."""
     while True:
         payload = json.dumps(_next_command(conn)).encode() if conn is not None else None
         command = json.loads(broadcast_bytes(payload, parallel))
@@ -154,9 +156,13 @@ def serve(trainer: Trainer, parallel: Parallel, conn: socket.socket | None) -> N
             if conn is not None:
                 beat.done.set()  # type: ignore[union-attr]
                 with beat.lock:  # type: ignore[union-attr]
-                    send(conn, answer)
+                    try:
+                        send(conn, answer)
+                    except OSError:
+                        if not command.get("gone"):
+                            raise
         if command["op"] == "close":
-            return
+            return bool(command.get("gone"))
 
 
 def _next_command(conn: socket.socket) -> dict[str, Any]:
@@ -167,7 +173,39 @@ def _next_command(conn: socket.socket) -> dict[str, Any]:
     try:
         return receive(conn)
     except (OSError, ConnectionError):
-        return {"op": "close"}
+        return {"op": "close", "gone": True}
+
+
+def watch_parent(folder: str | None = None, poll_s: float = PARENT_POLL_S) -> None:
+    """Exit (in a daemon thread) once the process that started this one is gone: a backend or launcher killed
+    with SIGKILL closes nothing, and a rank blocked in a collective would otherwise outlive it. `folder`: the
+    backend's private folder (the leader's), removed then. A rank frozen by SIGSTOP runs no code, so it stays
+    until it is continued or killed."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        _remove_private(folder)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="art-trainer-parent").start()
+
+
+def _remove_private(folder: str | None) -> None:
+    if folder is not None and os.path.basename(folder).startswith("art-trainer-"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _orphaned(parent: int, wait_s: float) -> bool:
+    """Whether the process that started this one is gone (waiting up to `wait_s`: its socket closes as it dies,
+    a moment before this process is handed to another parent)."""
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def abort(why: str) -> NoReturn:
@@ -192,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collective-timeout", type=float, default=60.0)
     parser.add_argument("--hsdp", type=int, default=0)
     args = parser.parse_args(argv)
-
+    parent = os.getppid()
+    watch_parent(os.path.dirname(args.socket) if args.socket else None)
     parallel = join(
         args.store,
         args.device,
@@ -238,9 +277,11 @@ def main(argv: list[str] | None = None) -> None:
         abort(f"rank {parallel.rank} could not start")
     if conn is not None:
         send(conn, {"ready": True, "engine": trainer.engine, "load_seconds": seconds, "step": 0})
-    serve(trainer, parallel, conn)
+    gone = serve(trainer, parallel, conn)
     if conn is not None:
         conn.close()
+        if gone and _orphaned(parent, wait_s=2.0):  # the backend died: nobody else removes its folder
+            _remove_private(os.path.dirname(args.socket))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # the others are done too: nothing left to wait for in the process group's teardown
