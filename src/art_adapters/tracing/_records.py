@@ -44,14 +44,7 @@ def pack_ids(ids: list[int]) -> str:
 
 
 def unpack_ids(text: str) -> list[int]:
-    kind, payload = text[:1], text[1:]
-    if kind not in ("H", "I"):
-        raise RecordError(f"token ids packed as {kind!r}, not H or I")
-    data = array(kind)
-    data.frombytes(base64.b64decode(payload))
-    if _big_endian():
-        data.byteswap()
-    return data.tolist()
+    return _unpack(text, ("H", "I"), "token ids")
 
 
 def pack_floats(values: list[float]) -> str:
@@ -64,9 +57,14 @@ def pack_floats(values: list[float]) -> str:
 
 
 def unpack_floats(text: str) -> list[float]:
+    return _unpack(text, ("f", "d"), "logprobs")
+
+
+def _unpack(text: str, kinds: tuple[str, str], what: str) -> list[Any]:
+    """The inverse of the packers: a typecode from `kinds`, then the array's little-endian bytes in base64."""
     kind, payload = text[:1], text[1:]
-    if kind not in ("f", "d"):
-        raise RecordError(f"logprobs packed as {kind!r}, not f or d")
+    if kind not in kinds:
+        raise RecordError(f"{what} packed as {kind!r}, not {kinds[0]} or {kinds[1]}")
     data = array(kind)
     data.frombytes(base64.b64decode(payload))
     if _big_endian():
