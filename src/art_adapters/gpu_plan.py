@@ -293,7 +293,7 @@ def format_plan(plan: Plan) -> str:
             ("trainer GPUs", _ids(plan.trainer_gpu_ids)),
             ("inference GPUs", _ids(plan.inference_gpu_ids)),
             ("tensor parallel × replicas", f"{plan.tensor_parallel_size} × {plan.replicas}"),
-            ("vLLM gpu_memory_utilization", f"{plan.gpu_memory_utilization:.2f}"),
+            ("vLLM gpu_memory_utilization", f"{plan.gpu_memory_utilization:g}"),
             ("vLLM sleep mode", _yes(plan.enable_sleep_mode)),
             ("KV cache tokens (per replica)", f"{plan.kv_cache_tokens:,}"),
             ("offload trainer between steps", _yes(plan.offload_trainer)),

@@ -81,6 +81,8 @@ def plan_request(request: Request) -> Plan:
         request.max_seq_len or min(request.shape.context, MIN_SEQ_LEN),
         bool(request.load_in_4bit),
         request.gradient_checkpointing is not False,
+        micro_batch=request.micro_batch_tokens
+        or min(DEFAULT_MICRO_BATCH_TOKENS, request.max_seq_len or request.shape.context),
     )
     nearest = _nearest(request)
     gpus = request.gpus
