@@ -3,7 +3,7 @@ dtype, checkpointing, logprob chunks and micro-batch tokens, decided from config
 
 Pure arithmetic over the model's config and the GPUs' sizes (torch only to detect GPUs, imported lazily), so a user
 can plan on a laptop from a folder holding only config.json. `LocalBackend` and `art-adapters serve` start from it.
-The formulas are in gpu_memory.py; the search for a plan that fits in gpu_plan_search.py.
+The formulas are in gpu_memory.py, the checks in gpu_plan_request.py, the search in gpu_plan_search.py.
 """
 
 from __future__ import annotations
@@ -211,7 +211,8 @@ def make_plan(
 ) -> Plan:
     """The plan for `model` on `gpus` (None: the CPU). Any keyword given overrides that decision; a plan that
     cannot fit raises PlanError with the numbers and the nearest plan that fits."""
-    from .gpu_plan_search import Request, plan_request
+    from .gpu_plan_request import Request
+    from .gpu_plan_search import plan_request
 
     if isinstance(model, ModelShape):
         shape, name = model, model.model_type or "model"

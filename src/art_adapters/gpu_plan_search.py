@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, replace
 
 from . import gpu_memory as mem
-from .gpu_plan import GPUs, ModelShape, Placement, Plan, PlanError
+from .gpu_plan import Placement, Plan, PlanError
+from .gpu_plan_request import Request, check_request
 
 DEFAULT_MICRO_BATCH_TOKENS = (
     4096  # TrainConfig's default; checkpointing stays off only if this fits without it
@@ -19,28 +20,6 @@ MIN_SEQ_LEN = 1024  # below this no plan is offered
 PREFERRED_MIN_SEQ_LEN = 4096  # a 4-bit trainer is preferred over a max_seq_len shorter than this
 MIN_KV_SEQUENCES = 4  # vLLM's KV cache must hold this many max_seq_len sequences (a group's rollouts at once)
 MAX_UTILIZATION = 0.90  # vLLM's share, at most: headroom for fragmentation and the allocator's own slack
-
-
-@dataclass(frozen=True)
-class Request:
-    """make_plan's arguments, None meaning 'decide'."""
-
-    name: str
-    shape: ModelShape
-    gpus: GPUs | None
-    max_seq_len: int | None = None
-    lora_rank: int = 16
-    tokens_per_step: int | None = None
-    micro_batch_tokens: int | None = None
-    placement: Placement | None = None
-    trainer_gpu_ids: list[int] | None = None
-    inference_gpu_ids: list[int] | None = None
-    tensor_parallel_size: int | None = None
-    replicas: int | None = None
-    gpu_memory_utilization: float | None = None
-    load_in_4bit: bool | None = None
-    gradient_checkpointing: bool | None = None
-    logprob_chunk_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +47,7 @@ class Trial:
 
 
 def plan_request(request: Request) -> Plan:
-    _check(request)
+    check_request(request)
     if request.gpus is None or request.placement == "cpu":
         return _cpu_plan(request)
     layout = _layout(request)
@@ -91,60 +70,6 @@ def plan_request(request: Request) -> Plan:
         + (f". Nearest plan that fits: {_summary(nearest)}" if nearest else ". No plan fits these GPUs.")
     )
     raise PlanError(message, nearest)
-
-
-# --- checks ------------------------------------------------------------------------------------------------------
-
-
-def _check(r: Request) -> None:
-    for key in ("max_seq_len", "tokens_per_step", "micro_batch_tokens", "logprob_chunk_tokens", "lora_rank"):
-        value = getattr(r, key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise PlanError(f"{key} must be a positive integer, got {value!r}")
-    for key in ("tensor_parallel_size", "replicas"):
-        value = getattr(r, key)
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise PlanError(f"{key} must be a positive integer, got {value!r}")
-    if r.max_seq_len is not None and r.max_seq_len > r.shape.context:
-        raise PlanError(
-            f"max_seq_len {r.max_seq_len} exceeds {r.name}'s context ({r.shape.context}, max_position_embeddings)"
-        )
-    util = r.gpu_memory_utilization
-    if util is not None and not 0 < util < 1:
-        raise PlanError(f"gpu_memory_utilization must be between 0 and 1 (exclusive), got {util}")
-    cpu = r.gpus is None or r.placement == "cpu"
-    if r.gpus is None and r.placement in ("shared", "dedicated"):
-        raise PlanError(f"placement {r.placement!r} needs GPUs, and none were found or given")
-    if r.gpus is not None and (r.gpus.count < 1 or r.gpus.memory_gib <= 0):
-        raise PlanError(f"GPUs must be at least one with memory > 0, got {r.gpus}")
-    if cpu:
-        gpu_only = {
-            "trainer_gpu_ids": r.trainer_gpu_ids,
-            "inference_gpu_ids": r.inference_gpu_ids,
-            "tensor_parallel_size": r.tensor_parallel_size,
-            "replicas": r.replicas,
-            "gpu_memory_utilization": r.gpu_memory_utilization,
-            "load_in_4bit": r.load_in_4bit or None,
-        }
-        given = [k for k, v in gpu_only.items() if v is not None]
-        if given:
-            raise PlanError(
-                f"{', '.join(given)}: GPU settings, but the plan is for the CPU (no GPU found or given)"
-            )
-        return
-    assert r.gpus is not None
-    for key in ("trainer_gpu_ids", "inference_gpu_ids"):
-        ids = getattr(r, key)
-        if ids is None:
-            continue
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < r.gpus.count]
-        if bad or not ids or len(set(ids)) != len(ids):
-            raise PlanError(
-                f"{key} {ids}: each must be a distinct GPU id in 0..{r.gpus.count - 1} "
-                f"(logical ids: {r.gpus.count} GPU(s) visible under CUDA_VISIBLE_DEVICES)"
-            )
-    if r.placement == "dedicated" and r.gpus.count < 2:
-        raise PlanError("placement 'dedicated' needs at least 2 GPUs (one for the trainer, one for vLLM)")
 
 
 def _layout(r: Request) -> Layout:
