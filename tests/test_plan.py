@@ -415,3 +415,26 @@ def test_cli_bad_input(models: dict[str, Path], tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as exited:
         main(["plan", str(models["qwen2.5-7b"]), "--gpus", "2"])
     assert exited.value.code == 2 and "--gpus needs --gpu-memory" in capsys.readouterr().err
+
+
+def test_a_hub_name_fetches_only_its_config(
+    monkeypatch: pytest.MonkeyPatch, models: dict[str, Path], tmp_path: Path
+) -> None:
+    import huggingface_hub
+
+    asked: list[tuple[str, str]] = []
+
+    def download(repo_id: str, filename: str) -> str:
+        asked.append((repo_id, filename))
+        if repo_id == "Qwen/Absent":
+            raise OSError("404 for Qwen/Absent")
+        return str(models["qwen2.5-7b"] / "config.json")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.chdir(tmp_path)
+    assert make_plan("Qwen/Qwen2.5-7B-Instruct", H100).model == "Qwen/Qwen2.5-7B-Instruct"
+    with pytest.raises(
+        PlanError, match="Qwen/Absent: no such folder, and its config.json could not be fetched"
+    ):
+        make_plan("Qwen/Absent", H100)
+    assert asked == [("Qwen/Qwen2.5-7B-Instruct", "config.json"), ("Qwen/Absent", "config.json")]

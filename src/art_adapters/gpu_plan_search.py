@@ -350,7 +350,7 @@ def _plan(r: Request, layout: Layout, t: Trial) -> Plan:
         notes.append("4-bit trainer base: a 16-bit one does not fit (vLLM still serves the 16-bit weights)")
     if t.checkpointing and r.gradient_checkpointing is None:
         notes.append(
-            f"gradient checkpointing: a {max(t.seq, t.micro_batch)}-token forward does not fit without it"
+            f"gradient checkpointing: a forward of {max(t.seq, t.micro_batch):,} tokens does not fit without it"
         )
     return Plan(
         model=r.name,
