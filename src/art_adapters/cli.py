@@ -1,4 +1,4 @@
-"""The `art-adapters` command: demo | serve | import | doctor | report | tiny-model."""
+"""The `art-adapters` command: demo | serve | import | doctor | plan | report | tiny-model."""
 
 from __future__ import annotations
 
@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
 
+    commands.add_parser(
+        "plan",
+        help="the GPU memory plan for a base model, from its config.json alone (see `plan --help`)",
+        add_help=False,
+    )
+
     report = commands.add_parser("report", help="write an HTML report (and PNG curves) of a model's run")
     report.add_argument("model_dir", help="e.g. .art/my-project/models/my-model")
     report.add_argument("--out", default=None, help="output HTML file (default: MODEL_DIR/report.html)")
@@ -92,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import doctor_command
 
         return doctor_command(argv[1:])
+    if argv[:1] == ["plan"]:
+        from .plan_cli import plan_command
+
+        return plan_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo_command
