@@ -14,7 +14,14 @@ import art_adapters as art
 from art_adapters.production import StoreSource, best_traces, groups_by_key
 from art_adapters.store import open_store
 from art_adapters.tracing.otel_genai import read_otlp
-from art_adapters.trajectories import REWARD_MISSING, reward_missing
+
+REWARD_MISSING = (
+    "reward_missing"  # the flag's name is the contract (art_adapters.trajectories.REWARD_MISSING)
+)
+
+
+def reward_missing(trajectory: art.Trajectory) -> bool:
+    return trajectory.metadata.get(REWARD_MISSING) is True
 
 
 def otlp_trace(trace: str, reward: float | None, content: str = "hi") -> dict[str, Any]:
@@ -93,9 +100,14 @@ def test_groupings_skip_and_count_a_missing_reward() -> None:
 
 
 def test_assigning_a_reward_clears_the_flag() -> None:
+    from art_adapters.trajectories import REWARD_MISSING as name
+    from art_adapters.trajectories import reward_missing as flagged
+
+    assert name == REWARD_MISSING
     t = trajectory(0.0, missing=True)
+    assert flagged(t)
     t.reward = 0.0  # a judge that gives 0 gives a reward: a real zero
-    assert not reward_missing(t) and REWARD_MISSING not in t.metadata
+    assert not flagged(t) and REWARD_MISSING not in t.metadata
 
 
 async def test_the_store_joins_a_reward_to_a_flagged_trace_and_the_source_trains_it(tmp_path: Path) -> None:

@@ -14,11 +14,15 @@ import httpx
 import pytest
 
 from art_adapters.testing import ScriptedServer
-from art_adapters.tracing.otlp import OTLPError, decode_logs_request
+from art_adapters.tracing import otlp
 from art_adapters.tracing.otlp_endpoint import OTLPEndpoint
-from art_adapters.trajectories import reward_missing
 
 pytest.importorskip("opentelemetry.instrumentation.openai_v2")
+
+
+def reward_missing(trajectory: Any) -> bool:
+    return trajectory.metadata.get("reward_missing") is True
+
 
 QUESTION = "What is the capital of France?"
 ANSWER = "Paris."
@@ -277,7 +281,7 @@ def test_unmatched_logs_are_held_no_longer_than_their_trace() -> None:
     endpoint = OTLPEndpoint(max_traces=2)
     for n in range(5):  # logs of traces whose spans never come: at most max_traces traces held
         endpoint.add_logs(
-            decode_logs_request(json.dumps(logs_body({**user, "traceId": f"{n:032x}"})).encode())
+            otlp.decode_logs_request(json.dumps(logs_body({**user, "traceId": f"{n:032x}"})).encode())
         )
         assert len(endpoint._pending) <= 2
     endpoint.flush()
@@ -285,7 +289,7 @@ def test_unmatched_logs_are_held_no_longer_than_their_trace() -> None:
 
 
 def test_a_malformed_logs_request_names_the_problem() -> None:
-    with pytest.raises(OTLPError, match="resourceLogs"):
-        decode_logs_request(b'{"resourceSpans": 1, "resourceLogs": {}}')
-    with pytest.raises(OTLPError, match="ExportLogsServiceRequest"):
-        decode_logs_request(b"\xff\xff\xff", "application/x-protobuf")
+    with pytest.raises(otlp.OTLPError, match="resourceLogs"):
+        otlp.decode_logs_request(b'{"resourceSpans": 1, "resourceLogs": {}}')
+    with pytest.raises(otlp.OTLPError, match="ExportLogsServiceRequest"):
+        otlp.decode_logs_request(b"\xff\xff\xff", "application/x-protobuf")
