@@ -154,3 +154,12 @@ def test_the_trainer_skips_and_counts_a_missing_reward(caplog: pytest.LogCapture
     metrics = trainer.train_step(groups, TrainConfig())
     assert metrics["trained_tokens"] == 0 and "reward missing" in metrics["skipped_reason"]
     assert metrics["step"] == 1
+
+
+def test_logged_reward_metrics_leave_a_missing_reward_out() -> None:
+    from art_adapters.model_log import rollout_metrics
+
+    group = art.TrajectoryGroup([trajectory(1.0), trajectory(0.5), trajectory(0.0, missing=True)])
+    metrics = rollout_metrics([group])
+    assert metrics["reward_mean"] == pytest.approx(0.75) and metrics["reward_missing"] == 1.0
+    assert metrics["trajectories"] == 3.0
