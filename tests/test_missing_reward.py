@@ -163,3 +163,21 @@ def test_logged_reward_metrics_leave_a_missing_reward_out() -> None:
     metrics = rollout_metrics([group])
     assert metrics["reward_mean"] == pytest.approx(0.75) and metrics["reward_missing"] == 1.0
     assert metrics["trajectories"] == 3.0
+
+
+def test_the_import_command_counts_missing_rewards_and_traces_without_messages(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from art_adapters.tracing.import_cli import import_command
+
+    path = write_traces(
+        tmp_path / "traces.jsonl",
+        otlp_trace("a" * 32, 1.0),
+        otlp_trace("b" * 32, None),
+        otlp_trace("c" * 32, None, content=""),
+    )
+    out = tmp_path / "out.jsonl"
+    assert import_command(["--out", str(out), "--otlp", str(path), "--reward", "app.reward"]) == 0
+    counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert counts["imported"] == 2 and counts["reward_missing"] == 1 and counts["skipped_no_messages"] == 1
+    assert [reward_missing(t) for t in art.trajectories.read_jsonl(out)] == [False, True]
