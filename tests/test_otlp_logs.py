@@ -227,9 +227,9 @@ def post(endpoint: OTLPEndpoint, path: str, body: Any, **headers: str) -> httpx.
     )
 
 
-def test_json_logs_join_in_either_order_and_bounds_hold() -> None:
-    user = record("gen_ai.user.message", {"content": "hi"})
-    choice = {
+def choice_record() -> dict[str, Any]:
+    """A `gen_ai.choice` event whose body holds the assistant message, as the instrumentation writes it."""
+    return {
         **record("gen_ai.choice", {}),
         "body": {
             "kvlistValue": {
@@ -250,6 +250,11 @@ def test_json_logs_join_in_either_order_and_bounds_hold() -> None:
             }
         },
     }
+
+
+def test_json_logs_join_in_either_order_and_bounds_hold() -> None:
+    user = record("gen_ai.user.message", {"content": "hi"})
+    choice = choice_record()
     with OTLPEndpoint(reward="app.reward", max_spans_per_trace=3) as endpoint:
         assert post(endpoint, "/v1/logs", logs_body(user)).status_code == 200
         assert post(endpoint, "/v1/traces", chat_span()).status_code == 200
@@ -293,3 +298,18 @@ def test_a_malformed_logs_request_names_the_problem() -> None:
         otlp.decode_logs_request(b'{"resourceSpans": 1, "resourceLogs": {}}')
     with pytest.raises(otlp.OTLPError, match="ExportLogsServiceRequest"):
         otlp.decode_logs_request(b"\xff\xff\xff", "application/x-protobuf")
+
+
+def test_a_file_of_trace_and_log_requests_is_joined_too(tmp_path: Any) -> None:
+    """The Collector's file exporter writes both signals as JSON lines: `read_otlp` joins them as the endpoint does."""
+    from art_adapters.tracing.otel_genai import read_otlp
+
+    user = record("gen_ai.user.message", {"content": "hi"})
+    path = tmp_path / "export.jsonl"
+    path.write_text(json.dumps(logs_body(user, choice_record())) + "\n" + json.dumps(chat_span()) + "\n")
+    [trajectory] = read_otlp(path, reward="app.reward")
+    assert trajectory.messages() == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    assert trajectory.reward == 0.5

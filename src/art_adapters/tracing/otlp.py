@@ -130,20 +130,46 @@ def gunzip(body: bytes, max_bytes: int) -> bytes:
 
 def read_files(paths: list[str | Path]) -> list[Span]:
     """Spans of OTLP/JSON files: one export request per file, or one per line (the OTel Collector's file
-    exporter writes JSON lines)."""
+    exporter writes JSON lines), with the log events of log export requests among them joined to their spans."""
     spans: list[Span] = []
+    logs: list[LogEvent] = []
     for path in paths:
         text = Path(path).read_text(encoding="utf-8")
         try:
-            spans += spans_of(json.loads(text))
-        except (ValueError, RecursionError):
+            requests = [json.loads(text)]
+            found = [_records(request) for request in requests]
+        except (ValueError, RecursionError):  # not one request: one per line
+            found = []
             for number, line in enumerate(text.splitlines(), 1):
                 if line.strip():
                     try:
-                        spans += spans_of(json.loads(line))
+                        found.append(_records(json.loads(line)))
                     except (ValueError, RecursionError) as error:
                         raise OTLPError(f"{path} line {number}: not OTLP/JSON ({error})") from error
-    return spans
+        for file_spans, file_logs in found:
+            spans += file_spans
+            logs += file_logs
+    return join_logs(spans, logs)
+
+
+def _records(data: Any) -> tuple[list[Span], list[LogEvent]]:
+    """A trace export request's spans, a log export request's log events (a request holding both: both)."""
+    logs = logs_of(data) if isinstance(data, dict) and "resourceLogs" in data else []
+    return spans_of(data), logs
+
+
+def join_logs(spans: list[Span], logs: list[LogEvent]) -> list[Span]:
+    """The spans, each with the log events of its trace and span id appended to its own events (in order)."""
+    if not logs:
+        return spans
+    by_span: dict[tuple[str, str], list[LogEvent]] = {}
+    for event in logs:
+        by_span.setdefault((event["trace_id"], event["span_id"]), []).append(event)
+    out = []
+    for span in spans:
+        extra = by_span.get((span["trace_id"], span["span_id"]))
+        out.append({**span, "events": span["events"] + extra} if extra else span)
+    return out
 
 
 def spans_of(data: Any, ids: str = "hex") -> list[Span]:

@@ -33,7 +33,15 @@ from ..trajectories import Trajectory
 from ..untrusted import is_loopback, names_loopback
 from ._foreign import RewardFn
 from .otel_genai import NO_MESSAGES, call_of, is_inference, trajectories_from_spans
-from .otlp import LogEvent, OTLPError, OTLPTooLarge, Span, decode_logs_request, decode_request
+from .otlp import (
+    LogEvent,
+    OTLPError,
+    OTLPTooLarge,
+    Span,
+    decode_logs_request,
+    decode_request,
+    join_logs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,27 +57,22 @@ class _Trace:
 
     def joined(self) -> list[Span]:
         """Its spans, each with the log events of its span id appended to its own events."""
-        by_span: dict[str, list[LogEvent]] = {}
-        for event in self.logs:
-            by_span.setdefault(event["span_id"], []).append(event)
-        return [
-            {**span, "events": span["events"] + by_span[span_id]} if span_id in by_span else span
-            for span_id, span in self.spans.items()
-        ]
+        return join_logs(list(self.spans.values()), self.logs)
 
     def unmatched_logs(self) -> int:
         return sum(event["span_id"] not in self.spans for event in self.logs)
 
     def has_messages(self) -> bool:
-        """Every inference span has messages in and an answer out (or fails to convert: nothing to wait for)."""
+        """Every inference span has messages in and an answer out, unless it failed (or it does not convert:
+        nothing to wait for)."""
         for span in self.joined():
             if is_inference(span):
                 try:
                     call = call_of(span)
                 except Exception:  # noqa: BLE001 - _finish counts it; waiting will not mend it
                     return True
-                if not call.request.get("messages") or call.response is None:
-                    return False
+                if not call.request.get("messages") or (call.response is None and call.error is None):
+                    return False  # (a failed call has no answer to wait for)
         return True
 
 
