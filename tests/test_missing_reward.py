@@ -181,3 +181,30 @@ def test_the_import_command_counts_missing_rewards_and_traces_without_messages(
     counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert counts["imported"] == 2 and counts["reward_missing"] == 1 and counts["skipped_no_messages"] == 1
     assert [reward_missing(t) for t in art.trajectories.read_jsonl(out)] == [False, True]
+
+
+def test_a_missing_reward_exported_to_langfuse_comes_back_missing() -> None:
+    """Our exporter writes no reward score for a placeholder; the import then skips (counts) or maps it."""
+    pytest.importorskip("langfuse")
+    import time
+
+    from art_adapters.testing.langfuse_api import LangfuseAPIServer
+    from art_adapters.tracing.langfuse import import_trajectories
+    from test_langfuse_import import export, keys, rich_trajectory
+
+    public, secret = keys()
+    with LangfuseAPIServer(public, secret) as server:
+        server.public_key, server.secret_key = public, secret  # type: ignore[attr-defined]
+        flagged = rich_trajectory(time.time() - 60, reward=0.0)
+        flagged.metadata[REWARD_MISSING] = True
+        export(server, art.TrajectoryGroup([flagged, rich_trajectory(time.time() - 30, reward=1.0)]))
+        assert server.wait_for(2, scores=1)
+
+        def read(**kwargs: Any) -> Any:
+            return import_trajectories(public, secret, server.base_url, progress=False, **kwargs)
+
+        skipped = read()
+        assert [t.reward for t in skipped.to_list()] == [1.0]
+        assert skipped.stats.skipped_no_reward == 1
+        mapped = sorted(read(missing_reward=0.25).to_list(), key=lambda t: t.reward)
+        assert [(t.reward, reward_missing(t)) for t in mapped] == [(0.25, False), (1.0, False)]
