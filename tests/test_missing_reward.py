@@ -12,7 +12,6 @@ import pytest
 
 import art_adapters as art
 from art_adapters.production import StoreSource, best_traces, groups_by_key
-from art_adapters.store import open_store
 from art_adapters.tracing.otel_genai import read_otlp
 
 REWARD_MISSING = (
@@ -111,7 +110,14 @@ def test_assigning_a_reward_clears_the_flag() -> None:
 
 
 async def test_the_store_joins_a_reward_to_a_flagged_trace_and_the_source_trains_it(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "traffic.db")
+    from art_adapters.capture.live import LiveRecorder
+    from art_adapters.store import open_store
+
+    assert (art.open_store, art.LiveRecorder) == (
+        open_store,
+        LiveRecorder,
+    )  # both import paths, as documented
+    store = art.open_store(tmp_path / "traffic.db")
     for name in ("x", "y", "z"):
         store.add(
             trajectory(0.0, missing=True), name

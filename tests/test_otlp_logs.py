@@ -176,6 +176,9 @@ def test_missing_reward_maps_on_the_endpoint(capture_content: None, llm) -> None
     assert trajectory.reward == 0.25 and not reward_missing(trajectory)
     with pytest.raises(ValueError, match="missing_reward"):
         OTLPEndpoint(missing_reward=float("nan"))
+    for wait in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="log_wait_s"):
+            OTLPEndpoint(log_wait_s=wait)
 
 
 # ---- OTLP/JSON logs, bounds, keys ------------------------------------------------------------------------------

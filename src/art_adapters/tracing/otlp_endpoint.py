@@ -1,7 +1,8 @@
 """An OTLP/HTTP trace and log endpoint (`POST /v1/traces`, `POST /v1/logs`, JSON or protobuf, gzip or not) whose
-GenAI spans, joined with their log events by trace and span id, become Trajectories as their traces complete. Binds 127.0.0.1 by default; any other address needs an API key. Without
-a key a request must name loopback in `Host` (and in `Origin`, when a browser sends one), as `serve` asks: a web
-page whose name was rebound to 127.0.0.1 is refused. A body is bounded as sent and again as gunzipped.
+GenAI spans, joined with their log events by trace and span id, become Trajectories as their traces complete.
+Binds 127.0.0.1 by default; any other address needs an API key. Without a key a request must name loopback in
+`Host` (and in `Origin`, when a browser sends one), as `serve` asks: a web page whose name was rebound to
+127.0.0.1 is refused. A body is bounded as sent and again as gunzipped.
 
     store = open_store("trajectories.db")
     with OTLPEndpoint(on_trajectory=lambda t: store.add(t, t.metadata["trace_id"])) as endpoint:
@@ -59,7 +60,7 @@ class _Trace:
         """Its spans, each with the log events of its span id appended to its own events."""
         return join_logs(list(self.spans.values()), self.logs)
 
-    def unmatched_logs(self) -> int:
+    def unmatched_logs(self) -> int:  # log events whose span is not (yet) here
         return sum(event["span_id"] not in self.spans for event in self.logs)
 
     def has_messages(self) -> bool:
@@ -77,13 +78,16 @@ class _Trace:
 
 
 class OTLPEndpoint:
-    """Receives spans; a trace becomes a Trajectory once its root span arrives (or `complete_after_s` after its
-    last span, rootless: a timer completes it while the endpoint runs). At most `max_traces` incomplete traces are
-    held (the oldest is completed early), at most `max_spans_per_trace` spans of one trace (more are dropped and
-    counted) and `max_spans` of all (past it the oldest traces are completed early), and `max_trajectories` finished ones wait in `trajectories()` when no `on_trajectory` takes them.
-    Spans of a trace completed in the last `remember_s` are dropped and counted (`late_spans`).
-    `max_body_bytes` bounds a body as sent and as gunzipped; `limits` the connections it serves (their number, and
-    deadlines for a request's head and body)."""
+    """Receives spans and log events; a trace becomes a Trajectory once its root span arrives and each of its calls
+    has its messages (or `log_wait_s` after the root; or `complete_after_s` after its last span or log, rootless: a
+    timer completes it while the endpoint runs). At most `max_traces` incomplete traces are held (the oldest is
+    completed early), at most `max_spans_per_trace` spans, and as many log events, of one trace (more are dropped
+    and counted) and `max_spans` spans and log events of all (past it the oldest traces are completed early), and
+    `max_trajectories` finished ones wait in `trajectories()` when no `on_trajectory` takes them. Spans and logs of
+    a trace completed in the last `remember_s` are dropped and counted (`late_spans`, `late_logs`). The reward:
+    the span attribute named `reward` (or `reward(attributes)`); a trace without one gets `missing_reward`, or is
+    flagged `reward_missing` (counted in `missing_rewards`). `max_body_bytes` bounds a body as sent and as
+    gunzipped; `limits` the connections it serves (their number, and deadlines for a request's head and body)."""
 
     def __init__(
         self,
@@ -142,9 +146,7 @@ class OTLPEndpoint:
         self.unmatched_logs = 0  # log events whose span never came with their trace
         self.skipped_no_messages = 0  # traces whose calls carried no message at all: no trajectory
         self.missing_rewards = 0  # trajectories made without a reward (flagged reward_missing, unless mapped)
-        self.failed_traces = (
-            0  # traces that did not convert (malformed, or the redaction hook raised): skipped
-        )
+        self.failed_traces = 0  # traces that did not convert (malformed, a redaction hook raised): skipped
         self._pending: OrderedDict[str, _Trace] = OrderedDict()
         self._held = 0  # spans of all pending traces
         self._finished: OrderedDict[str, float] = OrderedDict()  # trace id -> when it completed (monotonic)
