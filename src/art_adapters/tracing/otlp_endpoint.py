@@ -196,7 +196,7 @@ class OTLPEndpoint:
                 else:
                     trace.spans[span_id] = span
                     self._held += 1
-                if root:
+                if root and trace.rooted is None:  # a root sent again never extends the wait
                     trace.rooted = now
             ready += self._settle({span["trace_id"] for span in spans}, now)
             self.late_spans += late
