@@ -316,3 +316,13 @@ def test_a_file_of_trace_and_log_requests_is_joined_too(tmp_path: Any) -> None:
         {"role": "assistant", "content": "hello"},
     ]
     assert trajectory.reward == 0.5
+
+
+def test_a_root_whose_logs_never_come_completes_after_log_wait_s() -> None:
+    span = chat_span()
+    endpoint = OTLPEndpoint(log_wait_s=0.05)
+    endpoint.add_spans(otlp.spans_of(span))
+    endpoint.add_spans(otlp.spans_of(span))  # the root again (a retried batch): no longer wait
+    assert endpoint.trajectories() == [] and endpoint.duplicate_spans == 1
+    wait_for(lambda: endpoint.sweep() or not endpoint._pending)
+    assert endpoint.trajectories() == [] and endpoint.skipped_no_messages == 1  # calls without messages
