@@ -86,6 +86,9 @@ _LAZY = {
     "WandbLogger": ".tracing.wandb",
     "write_report": ".report",
     "RecordingEndpoint": ".capture.endpoint",
+    "LiveRecorder": ".capture.live",
+    "open_store": ".store",
+    "OTLPEndpoint": ".tracing.otlp_endpoint",
     "PipelineRuntimeConfig": ".pipeline_tuner",
 }
 
@@ -157,5 +160,8 @@ __all__ = [
     "trajectory_group_batches",
     "write_report",
     "RecordingEndpoint",
+    "LiveRecorder",
+    "open_store",
+    "OTLPEndpoint",
     "yield_trajectory",
 ]

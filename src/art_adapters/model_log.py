@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checkpoints
-from .trajectories import Trajectory, TrajectoryGroup
+from .trajectories import Trajectory, TrajectoryGroup, reward_missing
 from .untrusted import check_name
 
 
@@ -16,23 +16,29 @@ def all_trajectories(groups: list[TrajectoryGroup]) -> list[Trajectory]:
 
 
 def rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
-    """Reward mean/std, trajectory count, exception rate and the mean of each numeric trajectory metric."""
+    """Reward mean/std, trajectory count, exception rate and the mean of each numeric trajectory metric. A
+    trajectory whose reward is missing (flagged `reward_missing`) is counted in `reward_missing`, never averaged
+    in as its 0.0 placeholder."""
     trajectories = all_trajectories(groups)
-    rewards = [t.reward for t in trajectories]
+    rewards = [t.reward for t in trajectories if not reward_missing(t)]
     exceptions = sum(len(g.exceptions) for g in groups)
-    total = len(rewards) + exceptions
+    total = len(trajectories) + exceptions
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
-    within = [_std([t.reward for t in g.trajectories]) for g in groups if g.trajectories]
+    within = [
+        _std([t.reward for t in g.trajectories if not reward_missing(t)]) for g in groups if g.trajectories
+    ]
     out = {
         "reward_mean": mean,
         "reward_std": std,
         # ART's name: the mean of each group's own reward std (the spread GRPO learns from)
         "reward_std_dev": sum(within) / len(within) if within else 0.0,
-        "trajectories": float(len(rewards)),
+        "trajectories": float(len(trajectories)),
         "exceptions": float(exceptions),
         "exception_rate": exceptions / total if total else 0.0,
     }
+    if len(rewards) < len(trajectories):
+        out["reward_missing"] = float(len(trajectories) - len(rewards))
     keys = sorted({k for t in trajectories for k, v in t.metrics.items() if isinstance(v, int | float)})
     for key in keys:
         values = [float(t.metrics[key]) for t in trajectories if isinstance(t.metrics.get(key), int | float)]

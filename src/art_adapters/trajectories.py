@@ -28,6 +28,15 @@ from .history import get_messages as get_messages
 from .history import messages_of as messages_of
 from .sources import SplitBy
 
+REWARD_MISSING = "reward_missing"  # metadata flag: the reward field holds a 0.0 placeholder, no reward came
+
+
+def reward_missing(trajectory: Trajectory) -> bool:
+    """Whether the trajectory came without a reward (an imported trace no score or attribute rewarded): flagged
+    `metadata["reward_missing"] = True`, its `reward` a 0.0 placeholder. Groupings and the trainer skip and count
+    it; assigning `trajectory.reward` gives it one (the flag goes)."""
+    return trajectory.metadata.get(REWARD_MISSING) is True
+
 
 class Trajectory(BaseModel):
     """One rollout: the conversation, every captured LLM call, and its reward."""
@@ -52,6 +61,11 @@ class Trajectory(BaseModel):
     end_time: float | None = None
     _scope: AbstractContextManager[Any] | None = PrivateAttr(default=None)
     _sealed: bool = PrivateAttr(default=False)  # its capture scope closed: late calls are not added
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "reward":  # a reward given: no longer missing (see `reward_missing`)
+            self.metadata.pop(REWARD_MISSING, None)
 
     def messages(self) -> list[Message]:
         """The conversation as OpenAI-format message dicts (Choices become assistant messages; content is never

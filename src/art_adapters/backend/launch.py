@@ -116,6 +116,41 @@ def serve(
     uvicorn.Server(config).run()
 
 
+RECORD_URL_ENV = "ART_ADAPTERS_RECORD_URL"  # the record store's URL, password included, off the command line
+
+
+def record_url(argument: str | None, file: str | None) -> str | None:
+    """The record store's URL: `--record URL` (warned when it holds a password: argv shows in `ps`), else
+    `--record-file PATH` (its first line), else env ART_ADAPTERS_RECORD_URL; None for none of them."""
+    import sys
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    if argument is not None and file is not None:
+        raise SystemExit("art-adapters serve: give --record or --record-file, not both")
+    if file is not None:
+        try:
+            lines = Path(file).read_text(encoding="utf-8").strip().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise SystemExit(f"art-adapters serve: --record-file {file}: {error}") from error
+        if not lines or not lines[0].strip():
+            raise SystemExit(f"art-adapters serve: --record-file {file} is empty (one line: the store's URL)")
+        return lines[0].strip()
+    if argument is not None:
+        try:
+            password = urlsplit(argument).password
+        except ValueError:
+            password = None
+        if password:
+            print(
+                "art-adapters serve: --record's URL holds a password, which every user of this machine sees in "
+                f"`ps`: pass it in env {RECORD_URL_ENV} or a file (--record-file PATH) instead",
+                file=sys.stderr,
+            )
+        return argument
+    return os.environ.get(RECORD_URL_ENV) or None
+
+
 def _recorder(url: str | None) -> object:
     if url is None:
         return None
@@ -193,7 +228,14 @@ def serve_command(argv: list[str] | None = None) -> None:
         "--record",
         default=None,
         metavar="STORE_URL",
-        help="record mode: store every /v1 call (sqlite:///file.db or postgresql://...); POST /rewards/{id}",
+        help="record mode: store every /v1 call (sqlite:///file.db or postgresql://...); POST /rewards/{id}. "
+        f"A URL with a password: prefer env {RECORD_URL_ENV} or --record-file (argv shows in `ps`)",
+    )
+    parser.add_argument(
+        "--record-file",
+        default=None,
+        metavar="PATH",
+        help=f"record mode with the store URL read from this file's first line (or set env {RECORD_URL_ENV})",
     )
     parser.add_argument(
         "--max-connections",
@@ -252,7 +294,7 @@ def serve_command(argv: list[str] | None = None) -> None:
         trainer_gpu_ids=args.trainer_gpu,
         trainer_nodes=args.trainer_nodes,
         trainer_master=args.trainer_master,
-        record=args.record,
+        record=record_url(args.record, args.record_file),
         connections=ConnectionLimits(max_connections=args.max_connections),
         trainer_options=ShardedTrainerOptions(
             hsdp=args.trainer_hsdp,

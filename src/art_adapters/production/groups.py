@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 
 Key = str | Callable[[Trajectory], Any]
 
@@ -23,8 +23,13 @@ class GroupStats(BaseModel):
     skipped_unkeyed: int = 0  # no key: nothing to compare them with
     skipped_stale: int = 0  # sampled by a policy more than `max_staleness` steps behind
     skipped_alone: int = 0  # the only one (or too few) of their key
-    skipped_no_reward: int = 0
+    skipped_no_reward: int = 0  # no reward came (flagged `reward_missing`), or one that is not finite
     skipped_unreadable: int = 0  # stored, but could not be read back (the store logs and names each)
+
+
+def has_reward(trajectory: Trajectory) -> bool:
+    """A finite reward that came with the trajectory (not the placeholder of one flagged `reward_missing`)."""
+    return math.isfinite(trajectory.reward) and not reward_missing(trajectory)
 
 
 def key_of(trajectory: Trajectory, key: Key) -> Any:
@@ -56,14 +61,15 @@ def groups_by_key(
 ) -> tuple[list[TrajectoryGroup], GroupStats]:
     """Trajectories of the same key (the same task, the same prompt) as groups for GRPO; each trains against the
     recorded logprobs of the policy that sampled it, its staleness the trainer's step minus the recorded version
-    (training/loss.py's async correction). Left out, and counted: no key, no finite reward, sampled more than
+    (training/loss.py's async correction). Left out, and counted: no key, no reward (flagged `reward_missing`, or
+    not finite), sampled more than
     `max_staleness` steps before `current_step`, or fewer than `min_size` of a key. A key with more than
     `max_size` makes several groups."""
     stats = GroupStats()
     buckets: dict[Any, list[Trajectory]] = {}
     for trajectory in trajectories:
         stats.trajectories += 1
-        if not math.isfinite(trajectory.reward):
+        if not has_reward(trajectory):
             stats.skipped_no_reward += 1
             continue
         if current_step is not None and max_staleness is not None:
@@ -98,8 +104,9 @@ def best_traces(
     key: Key | None = None,
 ) -> list[Trajectory]:
     """The best trajectories for SFT: those with at least `min_reward`, and of those the top `top_fraction` by
-    reward (within each `key`'s trajectories when a key is given, so every task keeps its best)."""
-    pool = [t for t in trajectories if math.isfinite(t.reward)]
+    reward (within each `key`'s trajectories when a key is given, so every task keeps its best). A trajectory
+    without a reward (flagged `reward_missing`, or not finite) is never among them."""
+    pool = [t for t in trajectories if has_reward(t)]
     if min_reward is not None:
         pool = [t for t in pool if t.reward >= min_reward]
     if top_fraction is None:

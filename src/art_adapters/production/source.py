@@ -19,7 +19,7 @@ from typing import Any
 
 from ..store import TrajectoryStore
 from ..trajectories import Trajectory, TrajectoryGroup
-from .groups import GroupStats, Key, key_of, sampled_version
+from .groups import GroupStats, Key, has_reward, key_of, sampled_version
 
 DEFAULT_LEASE_S = 600.0  # the store's own default: what another trainer's claim waits for
 # ids yielded and not yet marked trained that a source remembers (never yielded twice)
@@ -31,7 +31,8 @@ class StoreSource:
 
     A key still short of `min_size` after `wait_s` is given up (its trajectories counted `skipped_alone`, marked
     done); their claims last `lease_s` (default: `wait_s` + 10 minutes) and are renewed while they wait, so no
-    trainer (this one included) claims them again, and a trajectory is never grouped with itself. Trajectories without a key, or sampled more than `max_staleness`
+    trainer (this one included) claims them again, and a trajectory is never grouped with itself. Trajectories without a key or a
+    reward (flagged `reward_missing`), or sampled more than `max_staleness`
     steps before the model's current step, are skipped and counted too; the step is asked of `model` before every
     claim and again before a waiting trajectory is yielded (without `model`, `current_step` must be set before
     iterating, and `rollout` keeps it current). `groups()` ends after `idle_s` without a new reward (None: never;
@@ -130,7 +131,10 @@ class StoreSource:
                 self.stats.trajectories += 1
                 last_reward, new = now, True
                 value = key_of(trajectory, self.key)
-                if value is None:
+                if not has_reward(trajectory):  # its body says no reward came, and the store joined none
+                    self.stats.skipped_no_reward += 1
+                    done.append(trajectory_id)
+                elif value is None:
                     self.stats.skipped_unkeyed += 1
                     done.append(trajectory_id)
                 elif self._stale(trajectory):

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trajectories import LLMCall, Message, Trajectory
+from ..trajectories import LLMCall, Message, Trajectory, reward_missing
 from ._records import CALL_KEY, TRAJECTORY_KEY, pack_call, pack_trajectory, trajectory_calls
 
 _PARAM_KEYS = (
@@ -275,9 +275,10 @@ def tool_obs(messages: list[Message], calls: list[LLMCall], start: float, end: f
 
 
 def scores_of(trajectory: Trajectory) -> list[tuple[str, float, str]]:
-    """(name, value, data type): the reward and each finite metric."""
+    """(name, value, data type): the reward (unless missing: no score is written for a placeholder) and each
+    finite metric."""
     scores: list[tuple[str, float, str]] = []
-    if math.isfinite(trajectory.reward):
+    if math.isfinite(trajectory.reward) and not reward_missing(trajectory):
         scores.append(("reward", float(trajectory.reward), "NUMERIC"))
     for name, value in trajectory.metrics.items():
         if isinstance(value, bool):

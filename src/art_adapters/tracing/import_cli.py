@@ -69,11 +69,16 @@ def import_command(argv: list[str] | None = None) -> int:
     if args.otlp:
         from .otel_genai import read_otlp
 
-        write_jsonl(
-            out,
-            writing(read_otlp(args.otlp, reward=args.reward, missing_reward=args.missing_reward, **kwargs)),
+        counts: dict[str, int] = {}
+        read = read_otlp(
+            args.otlp, reward=args.reward, missing_reward=args.missing_reward, stats=counts, **kwargs
         )
-        stats: dict[str, object] = {"imported": writing.written}
+        write_jsonl(out, writing(read))
+        stats: dict[str, object] = {
+            "imported": writing.written,
+            "reward_missing": counts.get("no_reward", 0),  # flagged: skipped by groupings and the trainer
+            "skipped_no_messages": counts.get("no_messages", 0),
+        }
     else:
         from .langfuse_import import import_trajectories
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..redaction import Redactor, apply, drop_secrets
-from ..trajectories import LLMCall, Trajectory
+from ..trajectories import LLMCall, Trajectory, reward_missing
 from ._foreign import (
     Rewarder,
     RewardFn,
@@ -357,8 +357,8 @@ def _rewarded(
             return False
     reward = rewarder(numbers)
     own = trajectory.metadata.get("trace_source") == "art_adapters"
-    if reward is None and own and math.isfinite(trajectory.reward):
-        return True
+    if reward is None and own and math.isfinite(trajectory.reward) and not reward_missing(trajectory):
+        return True  # its recorded reward (one recorded as missing is no reward: below)
     if reward is None:
         if missing is None:
             stats.skipped_no_reward += 1

@@ -11,13 +11,14 @@ per-message events (`gen_ai.user.message`, `gen_ai.choice`, ...) and OpenLLMetry
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..redaction import Redactor, apply, drop_secrets
-from ..trajectories import LLMCall, Message, Trajectory
+from ..trajectories import REWARD_MISSING, LLMCall, Message, Trajectory
 from ._foreign import (
     Rewarder,
     RewardFn,
@@ -29,6 +30,7 @@ from ._foreign import (
 )
 from .otlp import Span, read_files
 
+log = logging.getLogger(__name__)
 INFERENCE_OPERATIONS = {"chat", "text_completion", "generate_content"}
 _EVENT_ROLES = {
     "gen_ai.system.message": "system",
@@ -165,23 +167,32 @@ def trajectories_from_spans(
     reward: str | RewardFn | None = None,
     missing_reward: float | None = None,
     redact: Redactor | None = drop_secrets,
+    stats: dict[str, int] | None = None,
 ) -> list[Trajectory]:
     """One Trajectory per trace holding inference spans. The reward: the numeric or boolean span attribute named
     `reward` (any span of the trace), or `reward(attributes)` over all of them; a trace without a finite one gets
-    `missing_reward` (None: reward 0.0 and `metadata["reward_missing"] = True`)."""
+    `missing_reward`, or (None) is flagged `metadata["reward_missing"] = True` with a 0.0 placeholder, which every
+    grouping and the trainer skip and count (`art_adapters.trajectories.reward_missing`). A trace whose calls carry
+    no message at all (content capture off, or its log events never came) is skipped; `stats` counts
+    `no_messages` and `no_reward` (flagged) when given."""
     traces: dict[str, list[Span]] = {}
     for span in spans:
         traces.setdefault(span["trace_id"], []).append(span)
     rewarder = Rewarder(reward)
+    counts = stats if stats is not None else {}
     out: list[Trajectory] = []
     for trace_id, members in traces.items():
         inference = sorted((s for s in members if is_inference(s)), key=lambda s: s["start_ns"])
         if not inference:
             continue
+        calls = [call_of(s) for s in inference]
+        if not any(_carries_messages(c) for c in calls):
+            counts["no_messages"] = counts.get("no_messages", 0) + 1
+            continue
         root = next((s for s in members if s["parent_span_id"] is None), inference[0])
         numbers = _numbers(members)
         trajectory = foreign_trajectory(
-            [call_of(s) for s in inference],
+            calls,
             source="otel_genai",
             trace_id=trace_id,
             metadata={
@@ -202,13 +213,30 @@ def trajectories_from_spans(
             value = None
         if value is None:
             value = missing_reward
-            if value is None:
-                trajectory.metadata["reward_missing"] = True
         trajectory.reward = float(value) if value is not None else 0.0
+        if value is None:  # after the placeholder: assigning a reward clears the flag
+            trajectory.metadata[REWARD_MISSING] = True
+            counts["no_reward"] = counts.get("no_reward", 0) + 1
         kept = apply(redact, trajectory)
         if kept is not None:
             out.append(kept)
+    if stats is None and counts.get("no_messages"):  # a caller that counts says it itself
+        log.warning("%d trace(s) skipped: %s", counts["no_messages"], NO_MESSAGES)
     return out
+
+
+NO_MESSAGES = (
+    "their calls carry no message (turn on the instrumentation's content capture; the official OpenAI one "
+    "writes messages to log events: export its logs to the endpoint's /v1/logs as well)"
+)
+
+
+def _carries_messages(call: LLMCall) -> bool:
+    """Whether a call holds any message with content or tool calls (in its request or its answer)."""
+    messages = list(call.request.get("messages") or [])
+    for choice in (call.response or {}).get("choices") or []:
+        messages.append(choice.get("message") or {})
+    return any(isinstance(m, dict) and (m.get("content") or m.get("tool_calls")) for m in messages)
 
 
 def _numbers(spans: list[Span]) -> dict[str, float]:
@@ -235,9 +263,11 @@ def read_otlp(
     reward: str | RewardFn | None = None,
     missing_reward: float | None = None,
     redact: Redactor | None = drop_secrets,
+    stats: dict[str, int] | None = None,
 ) -> list[Trajectory]:
-    """Trajectories of OTLP/JSON trace files (an export request per file, or per line)."""
+    """Trajectories of OTLP/JSON trace files (an export request per file, or per line); see
+    `trajectories_from_spans` for the reward, `missing_reward` and `stats`."""
     files = [paths] if isinstance(paths, str | Path) else list(paths)
     return trajectories_from_spans(
-        read_files(files), reward=reward, missing_reward=missing_reward, redact=redact
+        read_files(files), reward=reward, missing_reward=missing_reward, redact=redact, stats=stats
     )

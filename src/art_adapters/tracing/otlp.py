@@ -1,5 +1,5 @@
-"""OTLP trace export requests (OTLP/JSON files or bodies, OTLP/protobuf bodies, gzip or not) as plain span dicts:
-ids in hex, times in ns, attributes and event attributes as Python values."""
+"""OTLP trace and log export requests (OTLP/JSON files or bodies, OTLP/protobuf bodies, gzip or not) as plain span
+and log dicts: ids in hex, times in ns, attributes and event attributes as Python values."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 Span = dict[str, Any]
+LogEvent = dict[str, Any]  # a log record as a span event: trace_id, span_id, name, time_ns, attributes
 
 
 class OTLPError(ValueError):
@@ -44,6 +45,65 @@ def decode_request(
     return spans_of(data)
 
 
+def decode_logs_request(
+    body: bytes,
+    content_type: str = "application/json",
+    encoding: str = "",
+    max_bytes: int = MAX_DECODED_BYTES,
+) -> list[LogEvent]:
+    """The log records of one `ExportLogsServiceRequest`, each as the span event it stands for (GenAI
+    instrumentations write a call's messages as log events: `gen_ai.user.message`, `gen_ai.choice`, ...). The event
+    name is the record's `eventName` (or its `event.name` attribute); a body that is an object joins its
+    attributes, any other body is the attribute `content`. Bounded as `decode_request` is."""
+    if encoding.lower() == "gzip" or body[:2] == b"\x1f\x8b":
+        body = gunzip(body, max_bytes)
+    if "protobuf" in content_type.lower():
+        return logs_of(_protobuf_as_json(body, logs=True), ids="base64")
+    try:
+        data = json.loads(body)
+    except ValueError as error:
+        raise OTLPError(f"not OTLP/JSON: {error}") from error
+    except RecursionError as error:
+        raise OTLPError("not OTLP/JSON: nested too deep") from error
+    return logs_of(data)
+
+
+def logs_of(data: Any, ids: str = "hex") -> list[LogEvent]:
+    """Flatten `{"resourceLogs": [...]}` into log events; OTLPError, naming the part, for anything else."""
+    try:
+        return _logs_of(data, ids)
+    except OTLPError:
+        raise
+    except RecursionError as error:
+        raise OTLPError("an OTLP log export request nested too deep") from error
+    except (ValueError, TypeError, AttributeError, KeyError) as error:
+        raise OTLPError(f"not an OTLP log export request: {type(error).__name__}: {error}") from error
+
+
+def _logs_of(data: Any, ids: str) -> list[LogEvent]:
+    if not isinstance(data, dict) or not isinstance(data.get("resourceLogs", []), list):
+        raise OTLPError("an OTLP log export request is an object with a 'resourceLogs' list")
+    out: list[LogEvent] = []
+    for resource_logs in data.get("resourceLogs") or []:
+        for scope_logs in resource_logs.get("scopeLogs") or []:
+            for record in scope_logs.get("logRecords") or []:
+                if not isinstance(record, dict):
+                    raise OTLPError("every OTLP log record is an object")
+                attributes = attributes_of(record.get("attributes"))
+                body = value_of(record.get("body"))
+                fields = body if isinstance(body, dict) else ({} if body is None else {"content": body})
+                out.append(
+                    {
+                        "trace_id": _hex(record.get("traceId") or "", ids),
+                        "span_id": _hex(record.get("spanId") or "", ids),
+                        "name": record.get("eventName") or attributes.get("event.name") or "",
+                        "time_ns": int(record.get("timeUnixNano") or record.get("observedTimeUnixNano") or 0),
+                        "attributes": {**attributes, **fields},
+                    }
+                )
+    return out
+
+
 def gunzip(body: bytes, max_bytes: int) -> bytes:
     """`body` (one or more gzip members, as `gzip.decompress` reads) unpacked, never holding more than `max_bytes`
     + 1 of output: OTLPTooLarge past it, OTLPError for a body that is not gzip or ends early."""
@@ -70,20 +130,46 @@ def gunzip(body: bytes, max_bytes: int) -> bytes:
 
 def read_files(paths: list[str | Path]) -> list[Span]:
     """Spans of OTLP/JSON files: one export request per file, or one per line (the OTel Collector's file
-    exporter writes JSON lines)."""
+    exporter writes JSON lines), with the log events of log export requests among them joined to their spans."""
     spans: list[Span] = []
+    logs: list[LogEvent] = []
     for path in paths:
         text = Path(path).read_text(encoding="utf-8")
         try:
-            spans += spans_of(json.loads(text))
-        except (ValueError, RecursionError):
+            requests = [json.loads(text)]
+            found = [_records(request) for request in requests]
+        except (ValueError, RecursionError):  # not one request: one per line
+            found = []
             for number, line in enumerate(text.splitlines(), 1):
                 if line.strip():
                     try:
-                        spans += spans_of(json.loads(line))
+                        found.append(_records(json.loads(line)))
                     except (ValueError, RecursionError) as error:
                         raise OTLPError(f"{path} line {number}: not OTLP/JSON ({error})") from error
-    return spans
+        for file_spans, file_logs in found:
+            spans += file_spans
+            logs += file_logs
+    return join_logs(spans, logs)
+
+
+def _records(data: Any) -> tuple[list[Span], list[LogEvent]]:
+    """A trace export request's spans, a log export request's log events (a request holding both: both)."""
+    logs = logs_of(data) if isinstance(data, dict) and "resourceLogs" in data else []
+    return spans_of(data), logs
+
+
+def join_logs(spans: list[Span], logs: list[LogEvent]) -> list[Span]:
+    """The spans, each with the log events of its trace and span id appended to its own events (in order)."""
+    if not logs:
+        return spans
+    by_span: dict[tuple[str, str], list[LogEvent]] = {}
+    for event in logs:
+        by_span.setdefault((event["trace_id"], event["span_id"]), []).append(event)
+    out = []
+    for span in spans:
+        extra = by_span.get((span["trace_id"], span["span_id"]))
+        out.append({**span, "events": span["events"] + extra} if extra else span)
+    return out
 
 
 def spans_of(data: Any, ids: str = "hex") -> list[Span]:
@@ -167,17 +253,18 @@ def _hex(value: str, ids: str) -> str:
     return value.lower()
 
 
-def _protobuf_as_json(body: bytes) -> dict[str, Any]:
+def _protobuf_as_json(body: bytes, logs: bool = False) -> dict[str, Any]:
     try:
         from google.protobuf.json_format import MessageToDict
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     except ImportError as error:
         raise OTLPError(
             "OTLP/protobuf needs `pip install opentelemetry-proto` (OTLP/JSON does not)"
         ) from error
-    request = ExportTraceServiceRequest()
+    request: Any = ExportLogsServiceRequest() if logs else ExportTraceServiceRequest()
     try:
         request.ParseFromString(body)
     except Exception as error:  # protobuf's DecodeError
-        raise OTLPError(f"not an OTLP/protobuf ExportTraceServiceRequest: {error}") from error
+        raise OTLPError(f"not an OTLP/protobuf {type(request).__name__}: {error}") from error
     return MessageToDict(request)

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 
 # history.jsonl keys, in the order a dashboard shows them; any other numeric key is logged too
 STEP_KEYS = (
@@ -48,7 +48,9 @@ def _numeric(value: Any) -> float | int | None:
 def group_metrics(groups: Iterable[TrajectoryGroup]) -> dict[str, float]:
     """reward_mean, reward_std, trajectories and exception_rate over some groups (when training does not log them)."""
     groups = list(groups)
-    rewards = [t.reward for g in groups for t in g.trajectories if math.isfinite(t.reward)]
+    rewards = [
+        t.reward for g in groups for t in g.trajectories if math.isfinite(t.reward) and not reward_missing(t)
+    ]
     errors = sum(len(g.exceptions) for g in groups)
     total = len(rewards) + errors
     out: dict[str, float] = {"trajectories": float(len(rewards))}

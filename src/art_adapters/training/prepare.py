@@ -3,6 +3,7 @@ metrics counted, and the reasons a step trains nothing put in words (`skip_reaso
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -11,7 +12,7 @@ from typing import Any
 
 from ..config import SFTConfig, TrainConfig
 from ..sources import CallSource
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 from .loss import group_advantages, role_advantages
 from .tokenize import TRAIN_ON_KEYS, TokenizationError, TrainSequence, tokenize_trajectory
 
@@ -26,7 +27,10 @@ def prepare_groups(
 ) -> tuple[list[TrainSequence], Metrics]:
     """Attach each trajectory's group advantage, computed over the whole group (a trajectory that trains no
     token, say one that never reached a `train_on` node, still counts in its group's baseline), then tokenize
-    every trajectory (groups never mix)."""
+    every trajectory (groups never mix). A trajectory whose reward is missing (flagged `reward_missing`: an
+    imported trace nothing rewarded) is left out before anything is computed, counted `skipped_reward_missing`
+    (and in `skipped_trajectories`): never trained as the 0.0 it holds."""
+    groups, missing = _without_missing_rewards(groups)
     rewards = [t.reward for g in groups for t in g.trajectories]
     metrics: Metrics = {
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
@@ -35,7 +39,8 @@ def prepare_groups(
         "trajectories": len(rewards),
         "skipped_groups": 0,
         "groups_without_samples": 0,
-        "skipped_trajectories": 0,
+        "skipped_trajectories": missing,
+        "skipped_reward_missing": missing,
         "trained_tokens": 0,
         "truncated_tokens": 0,
         "ratio_excluded_tokens": 0,
@@ -114,7 +119,27 @@ def prepare_groups(
             metrics["ratio_missing_tokens"],
         )
     unmatched.warn()
+    if missing:
+        log.warning(
+            "%d trajectories skipped: reward missing (traces no score or attribute rewarded; map them to a value "
+            "with the importer's missing_reward=, or give each a reward)",
+            missing,
+        )
     return sequences, metrics
+
+
+def _without_missing_rewards(groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], int]:
+    """The groups without their trajectories flagged `reward_missing` (the same groups when none is), and how
+    many were left out; a group is kept even when emptied, so group indices stay those the caller gave."""
+    missing = sum(reward_missing(t) for g in groups for t in g.trajectories)
+    if not missing:
+        return groups, 0
+    kept = []
+    for group in groups:
+        copied = copy.copy(group)  # its own list: the caller's group keeps every trajectory
+        copied.trajectories = [t for t in group.trajectories if not reward_missing(t)]
+        kept.append(copied)
+    return kept, missing
 
 
 def sft_batches(trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
@@ -149,6 +174,8 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
             else "capture the calls through `model.openai_client()`, `wrap_rollout` or `art.trajectory(...)`"
         )
         parts.append(f"{metrics['groups_without_samples']} group(s) have no sampled token ids: {hint}")
+    if metrics.get("skipped_reward_missing"):
+        parts.append(f"{metrics['skipped_reward_missing']} trajectories have no reward (reward missing)")
     if not groups or not metrics["trajectories"]:
         parts.append("no trajectories were given")
     return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
