@@ -101,11 +101,14 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
         wall = time.perf_counter() - started
         engine_idle = 1.0 - (gateway.busy_seconds() - busy) / wall
         success = await evaluate(model, args.eval_samples, seed=7919 + seed)
-        history = [
-            row
-            for row in checkpoints.read_history(backend.model_dir(model))
-            if row.get("split") == "train" and "loss" in row
-        ]
+        if steps_off == 0:  # model.train's rows; the pipeline's step reports carry the trainer's metrics
+            history = [
+                row
+                for row in checkpoints.read_history(backend.model_dir(model))
+                if row.get("split") == "train" and "loss" in row
+            ]
+        else:
+            history = [r.metrics for r in reports if "loss" in r.metrics]
         rows.append(
             {
                 "seed": seed,
