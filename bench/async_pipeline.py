@@ -4,13 +4,18 @@ evaluation; repeated over seeds (success: mean and spread).
 
 Engine idle = the share of the run's wall time with no request in flight at the engine (from its gateway); trainer
 idle = the share not spent in training steps; staleness = trained step - the version that sampled (mean per group).
-Usage: python bench/async_pipeline.py [--steps 8] [--group-size 8] [--seeds 3] [--max-steps-off-policy 1 2]
+`--guard D` adds each mode again with the step guard (TrainConfig(max_token_drop=D)); `--sign-aware` adds the TOPR
+weight. Arms share seeds, so differences are paired: the table gives each arm's mean paired difference to sync with a
+95 % t-interval over seeds, the runs that collapsed (success below `--collapse-below`) and how often the guard bound.
+Usage: python bench/async_pipeline.py [--steps 16] [--group-size 8] [--seeds 8] [--eval-samples 32]
+       [--max-steps-off-policy 2] [--guard 0.3] [--json rows.json] [--seed-offset 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import tempfile
@@ -27,7 +32,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     backend = art.LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=16))
     rows: list[dict[str, Any]] = []
     try:
-        for seed in range(args.seeds):
+        for seed in range(args.seed_offset, args.seed_offset + args.seeds):
             rows += await run_seed(args, backend, seed)
     finally:
         await backend.close()
@@ -38,11 +43,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[dict[str, Any]]:
     """Every mode once, from the same warm start and on the same rollout seeds."""
     import art_adapters as art
+    from art_adapters import checkpoints
     from art_adapters.demo import SCENARIOS, evaluate, scenario_groups, train_demo_async, warm_start_examples
     from art_adapters.tiny import tiny_model_path
 
     lora = art.LoRAConfig(rank=16, alpha=32)
-    modes = {"sync": 0, **{f"async, <= {k} step off-policy": k for k in args.max_steps_off_policy}}
+    modes = arms(args)
     base = str(tiny_model_path())
     models = {
         mode: art.TrainableModel(name=f"agent-{seed}-{i}", project="bench", base_model=base, lora=lora)
@@ -60,14 +66,15 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
             shutil.copytree(warm, backend.model_dir(model) / "checkpoints")
             await model.register(backend)
     gateway = next(iter(backend._models.values())).gateway
-    config = art.TrainConfig(learning_rate=args.learning_rate, seed=seed)
     samples = args.steps * len(SCENARIOS) * args.group_size
     for mode, model in models.items():
+        steps_off, settings = modes[mode]
+        config = art.TrainConfig(learning_rate=args.learning_rate, seed=seed, **settings)
         trained_s: list[float] = []
         staleness: list[float] = []
         discarded = 0.0
         busy, started = gateway.busy_seconds(), time.perf_counter()
-        if mode == "sync":
+        if steps_off == 0:
             for k in range(args.steps):  # the seeds train_demo_async gives step k's groups
                 groups = await art.gather_trajectory_groups(
                     scenario_groups(model, args.group_size, (seed + 1) * 1_000_003 + k * 10_007),
@@ -86,7 +93,7 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
                 args.group_size,
                 seed,
                 None,
-                max_steps_off_policy=modes[mode],
+                max_steps_off_policy=steps_off,
             )
             trained_s = [r.metrics["time/step_trainer_s"] for r in reports]
             staleness = [r.metrics["steps_off_policy"] for r in reports]
@@ -94,6 +101,14 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
         wall = time.perf_counter() - started
         engine_idle = 1.0 - (gateway.busy_seconds() - busy) / wall
         success = await evaluate(model, args.eval_samples, seed=7919 + seed)
+        if steps_off == 0:  # model.train's rows; the pipeline's step reports carry the trainer's metrics
+            history = [
+                row
+                for row in checkpoints.read_history(backend.model_dir(model))
+                if row.get("split") == "train" and "loss" in row
+            ]
+        else:
+            history = [r.metrics for r in reports if "loss" in r.metrics]
         rows.append(
             {
                 "seed": seed,
@@ -105,10 +120,65 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
                 "success": success,
                 "samples": samples,
                 "discarded": discarded,
+                "guarded_steps": sum(int(r.get("guarded", 0)) for r in history),
+                "trained_steps": len(history),
+                "max_token_drop": max((float(r.get("max_token_drop", 0.0)) for r in history), default=0.0),
             }
         )
         print(f"  seed {seed} {mode}: success {success:.3f}", flush=True)
     return rows
+
+
+def arms(args: argparse.Namespace) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Each arm's name: its bound on steps off-policy (0 = sync) and its TrainConfig settings."""
+    bounds = {"sync": 0, **{f"<= {k} off-policy": k for k in args.max_steps_off_policy}}
+    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    for name, k in bounds.items():
+        out[name] = (k, {"measure_token_drop": True})
+        if args.guard is not None:
+            out[f"{name} + guard {args.guard:g}"] = (k, {"max_token_drop": args.guard})
+        if args.sign_aware and k > 0:
+            out[f"{name} + sign-aware"] = (k, {"behaviour_weight": "sign_aware", "measure_token_drop": True})
+    return out
+
+
+def paired_interval(differences: list[float]) -> tuple[float, float, float]:
+    """Mean and 95 % t-interval of paired differences (one per seed)."""
+    from statistics import NormalDist
+
+    n = len(differences)
+    mean = statistics.mean(differences)
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(
+        n, NormalDist().inv_cdf(0.975)
+    )
+    half = t * statistics.stdev(differences) / n**0.5
+    return mean, mean - half, mean + half
+
+
+def summarize(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The paired table: each arm against sync on the same seeds."""
+    arms_seen = list(dict.fromkeys(r["mode"] for r in rows))
+    by = {(r["mode"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    print(
+        "\n| arm | success (mean over seeds) | paired diff vs sync [95 % CI] | collapsed | guard bound (steps) |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for arm in arms_seen:
+        paired = [s for s in seeds if (arm, s) in by and ("sync", s) in by]
+        success = [by[(arm, s)]["success"] for s in seeds if (arm, s) in by]
+        diffs = [by[(arm, s)]["success"] - by[("sync", s)]["success"] for s in paired]
+        mean, low, high = paired_interval(diffs) if diffs else (float("nan"),) * 3
+        collapsed = sum(v < args.collapse_below for v in success)
+        bound = sum(by[(arm, s)]["guarded_steps"] for s in seeds if (arm, s) in by)
+        steps = sum(by[(arm, s)]["trained_steps"] for s in seeds if (arm, s) in by)
+        interval = "" if arm == "sync" else f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+        print(
+            f"| {arm} | {statistics.mean(success):.3f} ({len(success)} seeds) | {interval} | "
+            f"{collapsed}/{len(success)} | {bound}/{steps} |"
+        )
 
 
 def main() -> None:
@@ -119,11 +189,26 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--max-steps-off-policy", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--guard", type=float, default=None, help="also run each arm with max_token_drop=D")
+    parser.add_argument("--sign-aware", action="store_true", help="also run the async arms with TOPR weights")
+    parser.add_argument(
+        "--collapse-below", type=float, default=0.25, help="a run ending below this collapsed"
+    )
+    parser.add_argument("--seed-offset", type=int, default=0, help="first seed (split a long run in parts)")
+    parser.add_argument("--json", default=None, help="also write the rows here (appends to an existing file)")
+    parser.add_argument("--summarize", default=None, help="only print the tables of a --json file")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(json.loads(Path(args.summarize).read_text()), args)
+        return
     from art_adapters.training.quiet import quiet_import_notes
 
     quiet_import_notes()
     rows = asyncio.run(run(args))
+    if args.json:
+        path = Path(args.json)
+        previous = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(previous + rows, indent=1))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     sync = [r["success"] for r in rows if r["mode"] == "sync"]
     print(
@@ -149,6 +234,7 @@ def main() -> None:
             f"{statistics.mean(success):.3f} +- {spread:.3f} ({mine[0]['samples']} samples) | "
             f"{statistics.mean(success) - statistics.mean(sync):+.3f} |"
         )
+    summarize(rows, args)
 
 
 if __name__ == "__main__":

@@ -61,11 +61,11 @@ def adapter(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
-def assert_same_adapter(a: Path, b: Path) -> float:
+def assert_same_adapter(a: Path, b: Path, tolerance: float = 1e-6) -> float:
     left, right = adapter(a), adapter(b)
     assert left.keys() == right.keys()
     worst = max(float((left[k] - right[k]).abs().max()) for k in left)
-    assert worst < 1e-6, worst
+    assert worst < tolerance, worst
     return worst
 
 
@@ -83,6 +83,10 @@ CASES: dict[str, tuple[str, TrainConfig]] = {
     "gspo": ("rollouts", TrainConfig(learning_rate=LR, loss="gspo", micro_batch_tokens=96)),
     "cispo": ("rollouts", TrainConfig(learning_rate=LR, loss="cispo")),
     "kl, uneven micro-batches": ("rollouts", TrainConfig(learning_rate=LR, beta=0.1, micro_batch_tokens=150)),
+    "step guard, uneven micro-batches": (
+        "rollouts",
+        TrainConfig(learning_rate=2e-3, max_token_drop=0.005, micro_batch_tokens=150),
+    ),
     "train_on + per-role rewards": (
         "roles",
         TrainConfig(learning_rate=LR, train_on={"nodes": ["executor"]}, micro_batch_tokens=48),
@@ -103,7 +107,9 @@ def test_two_processes_train_what_one_does(
     two = sharded.train_step(groups, config)
     trainer.save(tmp_path / "one")
     sharded.save(tmp_path / "two")
-    assert_same_adapter(tmp_path / "one", tmp_path / "two")
+    # Adam moves each weight by about lr whatever its gradient's size, so float noise in a gradient near zero moves
+    # a weight by up to lr: the tolerance grows with the learning rate (1e-6 at LR)
+    assert_same_adapter(tmp_path / "one", tmp_path / "two", 1e-6 * max(1.0, config.learning_rate / LR))
     for key in COMPARED:
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     assert two["step"] == one["step"] == sharded.step == 1
@@ -113,6 +119,10 @@ def test_two_processes_train_what_one_does(
     assert two["trainer_processes"] == 2 and "trainer_processes" not in one
     if config.micro_batch_tokens < 100:  # several micro-batches: each process ran its share, not all of them
         assert two["micro_batches_per_process"] < two["micro_batches"] == one["micro_batches"]
+    if config.max_token_drop is not None:  # the guard bound on both: the same drop, scale and weights
+        assert one["guarded"] == two["guarded"] == 1.0
+        for key in ("max_token_drop", "unguarded_token_drop", "step_scale"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
     if kind == "roles":
         assert one["left_out_tokens"] > 0  # the planner's tokens were left out on both
     if config.beta > 0:

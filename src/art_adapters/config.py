@@ -75,6 +75,31 @@ class TrainConfig(BaseModel):
     max_seq_len: int = Field(
         default=2048, gt=0, description="Longer sequences are truncated (truncated tokens untrained)."
     )
+    max_token_drop: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "The step guard (off by default): when one update lowers a trained token's probability by more than "
+            "this (p before - p after, measured by one no-grad forward after the optimizer step), the update is "
+            "scaled back to fit, halving up to 3 times (metrics: step_scale, guarded)."
+        ),
+    )
+    measure_token_drop: bool = Field(
+        default=False,
+        description=(
+            "Report max_token_drop without the guard too (one more no-grad forward per step); the guard always "
+            "reports it."
+        ),
+    )
+    behaviour_weight: Literal["truncated", "sign_aware"] = Field(
+        default="truncated",
+        description=(
+            "The off-policy weight: 'truncated' = min(rho, cap) for every token (TIS); 'sign_aware' (TOPR) = "
+            "clamp(rho, 1, cap) for a positive advantage (stale samples that would repair a collapse are never "
+            "discounted), min(rho, cap) for a negative one."
+        ),
+    )
     seed: int = 0
 
     @model_validator(mode="before")

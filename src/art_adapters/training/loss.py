@@ -3,6 +3,7 @@
 One decoupled form for every trained token (Hilton et al. 2021, "Batch size-invariance for policy optimization",
 as AReaL trains asynchronously), whichever policy version sampled it:
   w = min(exp(logp_prox - logp_sampled), truncated_importance_sampling)   behaviour weight, no gradient (TIS)
+      sign_aware (TOPR): clamp(rho, 1, cap) where A > 0 (never discounting a stale good sample), min(rho, cap) else
   r = exp(logp_new - logp_prox)                                           proximal ratio (GSPO: the trajectory's)
   grpo:   -min(r*A, clip(r, 1-epsilon, 1+epsilon_high)*A) * w   (PPO clip; epsilon_high > epsilon is DAPO)
   gspo:   the same with r = exp(mean of the trajectory's log-ratios); clip 3e-4 / 4e-4, sequence normalization
@@ -109,6 +110,8 @@ def policy_loss(
     cap = config.truncated_importance_sampling
     behaviour = torch.exp(proximal - sampled)
     weight = torch.clamp(behaviour, max=cap)
+    if config.behaviour_weight == "sign_aware":
+        weight = torch.where(advantages > 0, torch.clamp(behaviour, min=1.0, max=cap), weight)
 
     # 2. The proximal ratio, per token or (GSPO) the trajectory's geometric mean with per-token gradients.
     log_ratio = new_logprobs - proximal
@@ -158,8 +161,21 @@ def policy_loss(
         "behaviour_weight": float(weight.sum()),
         "ratio": float(ratio.detach().sum()),
         "kl": float(kl.detach().sum()),
+        # a maximum, not a sum: the largest fall from the sampler's probability to the pre-step policy's
+        "stale_drop_max": stale_drop(sampled_logprobs, proximal, staleness),
     }
     return loss, sums
+
+
+def stale_drop(sampled: torch.Tensor, proximal: torch.Tensor, staleness: torch.Tensor | None) -> float:
+    """max(p_behaviour - p_proximal) over stale tokens whose sampled logprob is known (0 when there are none): how
+    far the policy had already moved away from a token since the version that sampled it."""
+    if staleness is None:
+        return 0.0
+    known = (staleness > 0) & ~torch.isnan(sampled)
+    if not bool(known.any()):
+        return 0.0
+    return max(float((sampled[known].exp() - proximal[known].detach().exp()).max()), 0.0)
 
 
 def reinforce_loss(

@@ -126,6 +126,13 @@ def summed(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, tensor.tolist(), strict=True))
 
 
+def maxed(value: float) -> float:
+    """The value's maximum over every process (training group)."""
+    tensor = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
 def agree(parallel: Parallel, error: BaseException | None, group: Any = None) -> None:
     """Every rank calls this at the same point with its own outcome; if any rank failed, every rank raises the
     same AgreedError (the lowest failing rank's type and message). `group`: the training group (None) where the

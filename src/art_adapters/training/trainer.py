@@ -26,6 +26,7 @@ from .loss import StepTotals, policy_loss
 from .parallel import Parallel
 from .prepare import prepare_groups, sft_batches, skip_reason
 from .quiet import quiet_loading
+from .step_guard import StepGuard, token_drop
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,9 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # sharded: its DTensors
         fused = self.device.type == "cuda" and parallel is None
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, fused=fused)
+        # the step guard's record of the step's forwards: (rows, padding?, pre-step logprobs)
+        self._measured: list[tuple[list[TrainSequence], bool, torch.Tensor]] = []
+        self._last_logprobs = torch.empty(0)
 
     # --- forward -----------------------------------------------------------------------------------------
 
@@ -154,12 +158,17 @@ class Trainer:
             grad_norm = self._clip(config.max_grad_norm)
             for group in self.optimizer.param_groups:
                 group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+            guard = StepGuard(self.params, config.max_token_drop)
+            guard.before_update()
             self.optimizer.step()
+            if config.max_token_drop is not None or config.measure_token_drop:
+                metrics.update(guard.after_update(self._measured_token_drop))
             metrics["grad_norm"] = float(grad_norm)
             metrics["learning_rate"] = config.learning_rate
         else:  # the caller reports it (LocalBackend warns once, naming the model)
             log.info("step %d: %s", self.step + 1, metrics["skipped_reason"])
         self.optimizer.zero_grad(set_to_none=True)
+        self._measured = []
         self.step += 1
         return self._finish(metrics, started)
 
@@ -186,16 +195,22 @@ class Trainer:
             "behaviour_weight",
         )
         sums = dict.fromkeys(keys, 0.0)
+        stale_drop = 0.0
+        measure = config.max_token_drop is not None or config.measure_token_drop
+        self._measured = []
         batches = pack_micro_batches(
             [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
         )
 
         def run(batch: list[int] | None) -> torch.Tensor:
-            loss, part = self._micro_batch_loss(
-                [sequences[i] for i in batch] if batch is not None else [self._padding()], config, totals
-            )
+            nonlocal stale_drop
+            rows = [sequences[i] for i in batch] if batch is not None else [self._padding()]
+            loss, part = self._micro_batch_loss(rows, config, totals)
+            if measure:
+                self._measured.append((rows, batch is None, self._last_logprobs))
             if batch is None:
                 return loss * 0.0
+            stale_drop = max(stale_drop, part.pop("stale_drop_max", 0.0))
             for key, value in part.items():
                 sums[key] += value
             return loss
@@ -218,6 +233,7 @@ class Trainer:
             ),
             stale_tokens=int(sums["stale"]),
             token_steps_off_policy=sums["staleness"] / tokens,
+            max_stale_drop=self._maxed(stale_drop),
         )
         if config.beta > 0:
             metrics["kl"] = sums["kl"] / tokens
@@ -242,6 +258,7 @@ class Trainer:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = self._token_logprobs(rows, targets, temps)
         new = self._token_logprobs(rows, targets, temps)
+        self._last_logprobs = new.detach()
         flat = [(b, t) for b, ts in enumerate(targets) for t in ts]
         sampled = torch.tensor([batch[b].sampled_logprobs[t] for b, t in flat], dtype=torch.float32)
         advantages = torch.tensor([batch[b].advantage_at(t) for b, t in flat], dtype=torch.float32)
@@ -379,6 +396,29 @@ class Trainer:
             raise
         agree(self.parallel, None)
         return result
+
+    @torch.no_grad()
+    def _measured_token_drop(self) -> float:
+        """The step guard's measure: this process's micro-batches forwarded again (padding ones too, so sharded
+        processes run the same collectives), the largest fall in a trained token's probability, max over processes.
+        """
+        drop = 0.0
+        for batch, padding, before in self._measured:
+            targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
+            after = self._token_logprobs(
+                [s.input_ids for s in batch], targets, [s.temperature for s in batch]
+            )
+            if not padding:
+                drop = max(drop, token_drop(before, after))
+        return self._maxed(drop)
+
+    def _maxed(self, value: float) -> float:
+        """The value's maximum over every process."""
+        if self.parallel is None:
+            return value
+        from .parallel import maxed
+
+        return maxed(value)
 
     def _summed(self, sums: dict[str, float]) -> dict[str, float]:
         """The step's metric sums over every process."""
