@@ -30,7 +30,11 @@ def child(positions: int, chunk: int) -> dict[str, Any]:
 
     torch.manual_seed(0)
     trainer = Trainer(
-        tiny_model_path(family="qwen2.5"), LoRAConfig(rank=8), engine="peft", logprob_chunk_tokens=chunk
+        tiny_model_path(family="qwen2.5"),
+        LoRAConfig(rank=8),
+        engine="peft",
+        max_seq_len=positions + 1,
+        logprob_chunk_tokens=chunk,
     )
     vocab = trainer.model.get_base_model().config.vocab_size
     row = torch.randint(3, vocab, (positions + 1,), generator=torch.Generator().manual_seed(1)).tolist()
