@@ -5,6 +5,7 @@ step's limit, over-long trajectories skipped whole and counted); 4-bit only wher
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import types
 from typing import Any
@@ -286,3 +287,22 @@ def test_over_long_trajectories_are_skipped_counted_and_named(model_path, caplog
         groups_of(trainer, [[40] * fits], [1.0]), TrainConfig(max_seq_len=47)
     )
     assert sequences == [] and metrics["skipped_too_long"] == 1
+
+
+def test_sft_skips_over_long_trajectories_too(model_path, caplog) -> None:
+    from art_adapters.config import SFTConfig
+
+    trainer = Trainer(model_path, HEAD, engine="peft", max_seq_len=48)
+    hi = {"role": "user", "content": "hi"}
+    short = Trajectory(messages_and_choices=[hi, {"role": "assistant", "content": "yo"}])
+    long = Trajectory(messages_and_choices=[hi, {"role": "assistant", "content": "word " * 40}])
+    with caplog.at_level(logging.WARNING, logger="art_adapters.training.trainer"):
+        metrics = trainer.sft_step([short, long], SFTConfig(max_seq_len=4096))
+    assert metrics["skipped_too_long"] == 1 and metrics["sequences"] == 1 and "skipped_reason" not in metrics
+    warnings = [r.getMessage() for r in caplog.records if "max_seq_len" in r.getMessage()]
+    assert len(warnings) == 1
+    assert re.fullmatch(
+        r"SFT: longer than max_seq_len=48, skipped: trajectory 1 \((\d+) tokens\)", warnings[0]
+    )
+    metrics = trainer.sft_step([long], SFTConfig())
+    assert metrics["skipped_reason"] == "no assistant tokens within max_seq_len=48"

@@ -311,7 +311,9 @@ class Trainer:
         total = sum(s.num_trained for s in sequences)
         metrics["trained_tokens"] = total
         if not total:
-            metrics["skipped_reason"] = "no assistant tokens"
+            metrics["skipped_reason"] = (
+                f"no assistant tokens{f' within max_seq_len={limit}' if too_long else ''}"
+            )
             return self._finish(metrics, started)
         self._seed_step()
         self.model.train()
