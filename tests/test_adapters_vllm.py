@@ -183,7 +183,7 @@ def assert_trained_is_sampled(trajectory: art.Trajectory, tokenizer: Any) -> Tok
     """Tokenized for training, the trained tokens (mask 1) are every call's sampled tokens, logprobs likewise."""
     calls = trajectory.llm_calls
     out = tokenize_trajectory(trajectory, tokenizer, max_seq_len=2048)
-    assert not out.skipped and out.truncated_tokens == 0, out.reason
+    assert not out.skipped and out.too_long == 0, out.reason
     trained = [t for s in out.sequences for t, m in zip(s.input_ids, s.trained_mask, strict=True) if m]
     lps = [x for s in out.sequences for x, m in zip(s.sampled_logprobs, s.trained_mask, strict=True) if m]
     assert trained == [t for c in calls for t in c.completion_token_ids]

@@ -90,7 +90,7 @@ def client_of(server: VLLMServer) -> openai.AsyncOpenAI:
 def assert_trained_is_sampled(trajectory: art.Trajectory, tok: Any) -> int:
     """F1: the trained tokens (mask 1) are exactly every call's sampled tokens. Returns how many sequences."""
     out = tokenize_trajectory(trajectory, tok, max_seq_len=4096)
-    assert not out.skipped and out.truncated_tokens == 0, out.reason
+    assert not out.skipped and out.too_long == 0, out.reason
     trained = [t for s in out.sequences for t, m in zip(s.input_ids, s.trained_mask, strict=True) if m]
     assert trained == [t for c in trajectory.llm_calls for t in c.completion_token_ids or []]
     for call in trajectory.llm_calls:

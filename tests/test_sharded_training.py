@@ -175,6 +175,30 @@ def test_resume_sft_and_a_refused_batch_match_too(
     assert sharded.train_step(rollouts(trainer, seed=7), config)["trained_tokens"] > 0  # still serving
 
 
+def test_two_processes_with_chunked_logprobs_train_what_one_unchunked_does(
+    single: tuple[Trainer, Path], tmp_path: Path
+) -> None:
+    """The head (trained here) under FSDP2 runs chunk by chunk in forward and again in backward's recomputation:
+    the same adapter as one process computing every position's logits at once, KL's reference forward included."""
+    trainer, start = single
+    config = TrainConfig(learning_rate=LR, beta=0.1, micro_batch_tokens=64)
+    groups = rollouts(trainer, seed=3)
+    chunked = ShardedTrainer(tiny_model_path(), HEAD, processes=2, engine="peft", logprob_chunk_tokens=5)
+    try:
+        trainer.load(start)
+        chunked.load(start)
+        one = trainer.train_step(groups, config)
+        two = chunked.train_step(groups, config)
+        trainer.save(tmp_path / "one")
+        chunked.save(tmp_path / "two")
+    finally:
+        chunked.close()
+    assert trainer.logprob_chunk_tokens is None
+    assert_same_adapter(tmp_path / "one", tmp_path / "two")
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+    assert two["kl"] == pytest.approx(one["kl"], rel=1e-5, abs=1e-9)
+
+
 @pytest.mark.vllm
 async def test_local_backend_trains_on_two_processes_with_one_setting(
     vllm_server: Any, tmp_path: Path

@@ -196,17 +196,39 @@ def test_finished_trajectory_counts_each_sampled_call_once(tokenizer):
     assert [s.input_ids for s in after.sequences] == [s.input_ids for s in before]
 
 
-def test_truncation_masks_and_does_not_count_truncated_tokens(tokenizer):
+def test_a_trajectory_longer_than_max_seq_len_is_skipped_whole_never_truncated(tokenizer):
     trajectory, sampled = agent_trajectory(tokenizer)
     full = tokenize_trajectory(trajectory, tokenizer, max_seq_len=4096).sequences[0]
-    cut = len(trajectory.llm_calls[1].prompt_token_ids) + 3  # three tokens into the second sampled turn
-    out = tokenize_trajectory(trajectory, tokenizer, max_seq_len=cut)
-    seq = out.sequences[0]
-    assert len(seq) == cut and seq.input_ids == full.input_ids[:cut]
-    assert seq.num_trained == len(sampled[0]) + 3
-    assert out.truncated_tokens == full.num_trained - seq.num_trained
-    tiny = tokenize_trajectory(trajectory, tokenizer, max_seq_len=5)
-    assert tiny.skipped and not tiny.sequences and tiny.truncated_tokens == full.num_trained
+    exact = tokenize_trajectory(trajectory, tokenizer, max_seq_len=len(full))
+    assert not exact.skipped and exact.too_long == 0 and exact.sequences[0].input_ids == full.input_ids
+    over = tokenize_trajectory(
+        trajectory, tokenizer, max_seq_len=len(full) - 1, group_index=2, trajectory_index=5
+    )
+    assert over.skipped and not over.sequences and over.too_long == len(full)
+    assert (
+        over.reason
+        == f"trajectory 5 of group 2 is {len(full)} tokens long (max_seq_len={len(full) - 1}); skipped"
+    )
+    assert over.excluded_tokens == over.missing_tokens == over.left_out_tokens == 0  # nothing of it counted
+
+
+def test_a_history_split_into_sequences_is_judged_by_its_longest(tokenizer):
+    """Two sequences (the second call's prompt does not extend the first): each is its own row, so the limit is
+    the longest one's length, not their sum; one over it skips the whole trajectory."""
+    trajectory, _ = agent_trajectory(tokenizer, cities=("Paris",))
+    other, _ = agent_trajectory(tokenizer, cities=("Oslo", "Lima"))
+    split = Trajectory(llm_calls=[*trajectory.llm_calls, *other.llm_calls], tools=TOOLS)
+    rows = tokenize_trajectory(split, tokenizer, max_seq_len=4096).sequences
+    assert len(rows) == 2
+    longest, total = max(len(r) for r in rows), sum(len(r) for r in rows)
+    fits = tokenize_trajectory(split, tokenizer, max_seq_len=longest)
+    assert (
+        total > longest
+        and not fits.skipped
+        and [s.input_ids for s in fits.sequences] == [r.input_ids for r in rows]
+    )
+    over = tokenize_trajectory(split, tokenizer, max_seq_len=longest - 1)
+    assert over.skipped and over.sequences == [] and over.too_long == longest
 
 
 def test_trajectory_without_sampled_ids_is_skipped_with_a_warning(tokenizer, caplog):

@@ -118,14 +118,11 @@ def test_only_sampled_tokens_are_trained_and_counted(model_path) -> None:
     for seq, traj in zip(sequences, [t for g in groups for t in g.trajectories], strict=True):
         call = traj.llm_calls[0]
         assert seq.trained_mask == [0] * len(call.prompt_token_ids) + [1] * len(call.completion_token_ids)
-    # Truncation: a limit inside the answers trains (and counts) only what is left.
+    # A limit inside the answers trains none of them: each trajectory is skipped whole and counted, never cut.
     prompt_len = len(groups[0].trajectories[0].llm_calls[0].prompt_token_ids)
-    cut = TrainConfig(max_seq_len=prompt_len + 2)
-    sequences, metrics = trainer.prepare(groups[:1], cut)
-    assert all(s.num_trained == 2 and len(s) == prompt_len + 2 for s in sequences)
-    assert metrics["trained_tokens"] == 2 * len(sequences) and metrics["truncated_tokens"] == 4 * len(
-        sequences
-    )
+    sequences, metrics = trainer.prepare(groups[:1], TrainConfig(max_seq_len=prompt_len + 2))
+    assert sequences == [] and metrics["trained_tokens"] == 0
+    assert metrics["skipped_too_long"] == metrics["skipped_trajectories"] == len(groups[0].trajectories)
     # The loss sees exactly the trained tokens: the metric's token count equals them, pads included nowhere.
     metrics = trainer.compute_gradients(groups, TrainConfig(micro_batch_tokens=10_000))
     assert metrics["trained_tokens"] == sampled

@@ -242,7 +242,8 @@ _ENGINE_FIELDS = set(EngineArgs.__annotations__)
 def internal_settings(internal: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(inference settings, train defaults) from ART's `_internal_config`.
 
-    init_args.max_seq_length -> TrainConfig.max_seq_len; engine_args.{fields of
+    init_args.max_seq_length -> the trainer's max_seq_len (`TrainableModel.trainer_max_seq_len()`, what a backend
+    loads the trainer for) and TrainConfig.max_seq_len's default (the step's limit); engine_args.{fields of
     EngineArgs} -> InferenceConfig; trainer_args.{max_grad_norm, weight_decay} -> TrainConfig;
     anything else (chat_template_kwargs included: pass `extra_body={"chat_template_kwargs": ...}` per request)
     raises.

@@ -72,8 +72,13 @@ class TrainConfig(BaseModel):
         ge=1,
         description="ART's memory knob; no effect here (a step always accumulates all its micro-batches).",
     )
-    max_seq_len: int = Field(
-        default=2048, gt=0, description="Longer sequences are truncated (truncated tokens untrained)."
+    max_seq_len: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "The step's longest sequence, capped by the trainer's (None: the trainer's, `Trainer.max_seq_len`). "
+            "A trajectory with a longer one is skipped whole and counted (`skipped_too_long`), never truncated."
+        ),
     )
     max_token_drop: float | None = Field(
         default=None,
@@ -173,7 +178,11 @@ class SFTConfig(BaseModel):
     epochs: int = Field(default=1, ge=1)
     batch_size: int | Literal["auto"] = Field(default=8)
     max_grad_norm: float = Field(default=1.0, gt=0)
-    max_seq_len: int = Field(default=2048, gt=0)
+    max_seq_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="As TrainConfig.max_seq_len: None is the trainer's; longer trajectories are skipped, counted.",
+    )
     seed: int = 0
 
     @model_validator(mode="after")

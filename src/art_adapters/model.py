@@ -340,6 +340,13 @@ class TrainableModel(Model):
             (self._internal_config or {}).get("trainer_gpu_ids"), "_internal_config.trainer_gpu_ids"
         )
 
+    def trainer_max_seq_len(self) -> int | None:
+        """ART's `_internal_config.init_args.max_seq_length`: the longest sequence the trainer is loaded for
+        (Unsloth's `max_seq_length`, `Trainer(max_seq_len=...)`) and every step's limit; None: the backend's."""
+        from .compat import internal_settings
+
+        return internal_settings(self._internal_config)[1].get("max_seq_len")
+
     def train_defaults(self, config: TrainConfig | None) -> TrainConfig:
         """`config` with the fields it leaves unset taken from `_internal_config` (init_args, trainer_args)."""
         from .compat import internal_settings

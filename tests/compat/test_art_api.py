@@ -249,9 +249,10 @@ def test_trainable_model_takes_arts_constructor_forms() -> None:
         _internal_config=art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=1024)),
     )
     assert model.lora.rank == 4 and model.train_defaults(None).max_seq_len == 1024
+    assert model.trainer_max_seq_len() == 1024
     assert model.inference_settings() == {}
     model._internal_config = art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(enforce_eager=True))
-    assert model.inference_settings() == {"enforce_eager": True}
+    assert model.inference_settings() == {"enforce_eager": True} and model.trainer_max_seq_len() is None
     assert model.get_inference_name(3) == "m@3"
     with pytest.raises(ValueError, match="bias"):
         art.TrainableModel(name="m", project="p", base_model="b", lora_config={"rank": 4, "bias": "all"})

@@ -14,21 +14,34 @@ from typing import Any
 import torch
 from torch import nn
 
+from .logprobs import token_logprobs
 from .parallel import Parallel, broadcast_tensor, scatter_into
 from .weights import CheckpointReader
 
 
 class Scorer(nn.Module):
     """The trainer's one forward (the FSDP root): the decoder's hidden states at the asked positions, through the
-    output head, so the head never computes logits for positions nobody trains."""
+    output head, so the head never computes logits for positions nobody trains; the head and its logsumexp run
+    `chunk_tokens` positions at a time (None or 0: all at once; see `logprobs.token_logprobs`)."""
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: nn.Module, chunk_tokens: int | None = None) -> None:
         super().__init__()
         self.lm = lm
+        self.chunk_tokens = chunk_tokens
 
-    def forward(self, input_ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.lm.get_decoder()(input_ids=input_ids).last_hidden_state
-        return self.lm.get_output_embeddings()(hidden[rows, positions])
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+        temperatures: torch.Tensor,
+    ) -> torch.Tensor:
+        """The logprob of `chosen[i]` after `positions[i]` of row `rows[i]`, its logits divided by
+        `temperatures[i]` (fp32)."""
+        hidden = self.lm.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+        head = self.lm.get_output_embeddings()
+        return token_logprobs(head, hidden[rows, positions], chosen, temperatures, self.chunk_tokens)
 
 
 def shard(scorer: Scorer, parallel: Parallel, device_type: str) -> int:

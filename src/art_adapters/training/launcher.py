@@ -32,6 +32,7 @@ class WorkerSpec:
     engine: str = "peft"
     seed: int = 0
     max_seq_len: int = 2048
+    logprob_chunk_tokens: int = 0  # 0: unchunked
     activation_checkpointing: bool = True
     collective_timeout_s: float = 60.0
     hsdp: bool = False
@@ -56,6 +57,7 @@ class WorkerSpec:
             f"--engine={self.engine}",
             f"--seed={self.seed}",
             f"--max-seq-len={self.max_seq_len}",
+            f"--logprob-chunk-tokens={self.logprob_chunk_tokens}",
             f"--activation-checkpointing={int(self.activation_checkpointing)}",
             f"--collective-timeout={self.collective_timeout_s}",
             f"--hsdp={int(self.hsdp)}",
@@ -203,6 +205,7 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["peft"], default="peft")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--logprob-chunk-tokens", type=int, default=0)
     parser.add_argument("--activation-checkpointing", type=int, choices=[0, 1], default=1)
     parser.add_argument("--collective-timeout", type=float, default=60.0)
     parser.add_argument("--hsdp", type=int, choices=[0, 1], default=0)
@@ -226,6 +229,7 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
         engine=args.engine,
         seed=args.seed,
         max_seq_len=args.max_seq_len,
+        logprob_chunk_tokens=args.logprob_chunk_tokens,
         activation_checkpointing=bool(args.activation_checkpointing),
         collective_timeout_s=args.collective_timeout,
         hsdp=bool(args.hsdp),

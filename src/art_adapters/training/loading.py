@@ -41,7 +41,9 @@ def load_peft(
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(device)
-    if gradient_checkpointing:
+    if (
+        gradient_checkpointing
+    ):  # non-reentrant: LoRA weights get their gradients without inputs requiring grad
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return get_peft_model(model, peft_config(lora)), load_tokenizer(base_model)
 
@@ -53,11 +55,15 @@ def load_unsloth(
     max_seq_len: int,
     gradient_checkpointing: bool,
     seed: int,
+    *,
+    load_in_4bit: bool = False,
 ) -> tuple[Any, Any]:
+    """Unsloth's model for rows of up to `max_seq_len` tokens (its `max_seq_length`: its decoder cuts longer
+    inputs, so the trainer never hands it one), with Unsloth's own gradient checkpointing when asked."""
     from unsloth import FastLanguageModel
 
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=base_model, max_seq_length=max_seq_len, dtype=dtype, load_in_4bit=False
+        model_name=base_model, max_seq_length=max_seq_len, dtype=dtype, load_in_4bit=load_in_4bit
     )
     model = FastLanguageModel.get_peft_model(
         model,

@@ -23,13 +23,20 @@ Metrics = dict[str, Any]
 
 
 def prepare_groups(
-    tokenizer: Any, vocab_size: int, groups: list[TrajectoryGroup], config: TrainConfig
+    tokenizer: Any,
+    vocab_size: int,
+    groups: list[TrajectoryGroup],
+    config: TrainConfig,
+    *,
+    max_seq_len: int,
 ) -> tuple[list[TrainSequence], Metrics]:
     """Attach each trajectory's group advantage, computed over the whole group (a trajectory that trains no
     token, say one that never reached a `train_on` node, still counts in its group's baseline), then tokenize
     every trajectory (groups never mix). A trajectory whose reward is missing (flagged `reward_missing`: an
     imported trace nothing rewarded) is left out before anything is computed, counted `skipped_reward_missing`
-    (and in `skipped_trajectories`): never trained as the 0.0 it holds."""
+    (and in `skipped_trajectories`): never trained as the 0.0 it holds. A trajectory longer than `max_seq_len`
+    (the step's limit) is skipped whole and counted (`skipped_too_long`), with one warning for the step naming
+    each and its length."""
     groups, missing = _without_missing_rewards(groups)
     rewards = [t.reward for g in groups for t in g.trajectories]
     metrics: Metrics = {
@@ -41,13 +48,14 @@ def prepare_groups(
         "groups_without_samples": 0,
         "skipped_trajectories": missing,
         "skipped_reward_missing": missing,
+        "skipped_too_long": 0,
         "trained_tokens": 0,
-        "truncated_tokens": 0,
         "ratio_excluded_tokens": 0,
         "ratio_missing_tokens": 0,
         "left_out_tokens": 0,
     }
     excluded_reasons: set[str] = set()
+    too_long: list[str] = []
     sequences: list[TrainSequence] = []
     fractions: list[float] = []
     captured: list[float] = []
@@ -59,11 +67,12 @@ def prepare_groups(
         )
         by_role = role_advantages(trajectories, config.scale_rewards, g)
         tokenized: list[tuple[int, list[TrainSequence]]] = []
+        group_too_long = 0
         for i, trajectory in enumerate(trajectories):
             out = tokenize_trajectory(
                 trajectory,
                 tokenizer,
-                max_seq_len=config.max_seq_len,
+                max_seq_len=max_seq_len,
                 vocab_size=vocab_size,
                 group_index=g,
                 trajectory_index=i,
@@ -72,7 +81,9 @@ def prepare_groups(
                 train_retokenized_text=config.train_retokenized_text,
             )
             unmatched.saw(trajectory, out.sources)
-            metrics["truncated_tokens"] += out.truncated_tokens
+            if out.too_long:
+                too_long.append(f"trajectory {i} of group {g} ({out.too_long} tokens)")
+                group_too_long += 1
             metrics["ratio_excluded_tokens"] += out.excluded_tokens
             metrics["ratio_missing_tokens"] += out.missing_tokens
             metrics["left_out_tokens"] += out.left_out_tokens
@@ -86,7 +97,8 @@ def prepare_groups(
                 captured.append(out.captured_token_fraction)
                 tokenized.append((i, out.sequences))
         if not tokenized:
-            metrics["groups_without_samples"] += 1
+            if group_too_long < len(trajectories):  # not only over-long ones: some had nothing sampled
+                metrics["groups_without_samples"] += 1
             continue
         if advantages is None and not any(any(values) for values in by_role.values()):
             metrics["skipped_groups"] += 1
@@ -105,6 +117,14 @@ def prepare_groups(
             "allows re-tokenized text)"
         )
     metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
+    metrics["skipped_too_long"] = len(too_long)
+    if too_long:
+        log.warning(
+            "%d trajectory(ies) longer than max_seq_len=%d skipped (never truncated): %s",
+            len(too_long),
+            max_seq_len,
+            ", ".join(too_long),
+        )
     if metrics["ratio_excluded_tokens"]:
         log.warning(
             "%d sampled tokens came from distributions the trainer does not reproduce (%s): trained without an "
@@ -176,9 +196,13 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
         parts.append(f"{metrics['groups_without_samples']} group(s) have no sampled token ids: {hint}")
     if metrics.get("skipped_reward_missing"):
         parts.append(f"{metrics['skipped_reward_missing']} trajectories have no reward (reward missing)")
+    if metrics.get("skipped_too_long"):
+        parts.append(
+            f"{metrics['skipped_too_long']} trajectory(ies) are longer than max_seq_len (skipped, not truncated)"
+        )
     if not groups or not metrics["trajectories"]:
         parts.append("no trajectories were given")
-    return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
+    return "no trainable tokens: " + ("; ".join(parts) or "no trajectory trains a token")
 
 
 class _Unmatched:

@@ -60,12 +60,17 @@ class ShardedTrainer:
         engine: str = "auto",
         seed: int = 0,
         max_seq_len: int = 2048,
+        logprob_chunk_tokens: int | None = None,
         options: ShardedTrainerOptions | None = None,
         start_timeout_s: float = 900.0,
         worker_module: str | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"trainer processes must be >= 1, not {processes}")
+        if logprob_chunk_tokens is not None and logprob_chunk_tokens < 0:
+            raise ValueError(
+                f"logprob_chunk_tokens must be >= 0 (0 or None: unchunked), not {logprob_chunk_tokens}"
+            )
         if gpu_ids and len(gpu_ids) != processes:
             raise ValueError(f"{processes} trainer processes need {processes} GPU ids, not {gpu_ids}")
         if nodes > 1 and not master:
@@ -81,6 +86,9 @@ class ShardedTrainer:
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
         self.processes = processes
+        self.max_seq_len = (
+            max_seq_len  # each process's Trainer caps every step by it, as the one-process trainer
+        )
         self.heartbeat_timeout_s = options.heartbeat_timeout_s
         self._lock = threading.Lock()
         self._dead: str | None = None
@@ -93,6 +101,7 @@ class ShardedTrainer:
             device="cuda" if gpu_ids else "cpu",
             seed=seed,
             max_seq_len=max_seq_len,
+            logprob_chunk_tokens=logprob_chunk_tokens or 0,
             activation_checkpointing=options.activation_checkpointing,
             collective_timeout_s=options.collective_timeout_s,
             hsdp=options.hsdp,

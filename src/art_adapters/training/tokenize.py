@@ -43,7 +43,7 @@ class TrainSequence:
     """One training row: context and sampled tokens of one conversation history.
 
     `trained_mask[i]` is 1 where `input_ids[i]` was sampled by the engine (its logprob is `sampled_logprobs[i]`,
-    NaN when the engine returned none); 0 for prompt, tool, template, truncated tokens and calls left out by
+    NaN when the engine returned none); 0 for prompt, tool and template tokens and calls left out by
     `train_on`. `roles[i]`: the names the call a trained token came from answers to as a role
     (`CallSource.role_names()`, most specific first), so per-role rewards can give it its own advantage
     (`role_advantages`); `sampled[i]` is False only for re-tokenized text trained on request
@@ -97,7 +97,7 @@ class TrainSequence:
 class TokenizedTrajectory:
     sequences: list[TrainSequence] = field(default_factory=list)
     skipped: bool = False
-    truncated_tokens: int = 0
+    too_long: int = 0  # skipped for its length: its longest sequence's tokens (0: not too long)
     reason: str = ""
     excluded_tokens: int = 0  # sampled tokens trained without an importance ratio (see Sample.excluded)
     excluded_reasons: set[str] = field(default_factory=set)
@@ -170,6 +170,9 @@ def tokenize_trajectory(
         samples, max_seq_len=max_seq_len, group_index=group_index, trajectory_index=trajectory_index
     )
     out.sources = [sample.source for sample in samples if sample.source is not None]
+    if out.too_long:
+        out.reason = f"{name} is {out.too_long} tokens long (max_seq_len={max_seq_len}); skipped"
+        return out
     for sample in samples:
         if not sample.trained:
             out.left_out_tokens += len(sample.completion_ids)
@@ -185,15 +188,19 @@ def tokenize_trajectory(
         if train_on and not any(s.trained for s in samples):
             out.reason = f"{name}: no call of it is among train_on={train_on}; skipped"
         else:
-            out.reason = f"{name}: every sampled token lies beyond max_seq_len={max_seq_len}; skipped"
-            log.warning(out.reason)
+            out.reason = f"{name} has no trainable token (only its first token was sampled); skipped"
     return out
 
 
 def sequences_from_samples(
     samples: list[Sample], *, max_seq_len: int, group_index: int = 0, trajectory_index: int = 0
 ) -> TokenizedTrajectory:
-    """Chain samples into sequences (a prompt that extends a sequence continues it), then truncate."""
+    """Chain samples into sequences (a prompt that extends a sequence continues it).
+
+    A trajectory trains whole or not at all: if any of its sequences that train a token is longer than
+    `max_seq_len` (cutting it would train a history the model never saw, under the whole trajectory's reward),
+    none is returned, `skipped` is set and `too_long` holds the longest one's length. Sequences that each fit
+    train, however many tokens they hold together: each is its own row."""
     sequences: list[TrainSequence] = []
     for sample in samples:
         sequence = _extended_sequence(sequences, sample)
@@ -220,20 +227,14 @@ def sequences_from_samples(
 
     out = TokenizedTrajectory()
     for sequence in sequences:
-        if len(sequence.input_ids) > max_seq_len:
-            out.truncated_tokens += sum(sequence.trained_mask[max_seq_len:])
-            del sequence.input_ids[max_seq_len:], sequence.trained_mask[max_seq_len:]
-            del sequence.sampled_logprobs[max_seq_len:], sequence.roles[max_seq_len:]
-            del (
-                sequence.sampled[max_seq_len:],
-                sequence.captured[max_seq_len:],
-                sequence.versions[max_seq_len:],
-            )
         # Position 0 has no prefix to predict it from, so it is never trained.
         if sequence.trained_mask and sequence.trained_mask[0]:
             sequence.trained_mask[0] = 0
         if sequence.num_trained > 0:
             out.sequences.append(sequence)
+    longest = max((len(s) for s in out.sequences), default=0)
+    if longest > max_seq_len:
+        out.sequences, out.skipped, out.too_long = [], True, longest
     return out
 
 

@@ -44,7 +44,12 @@ def default_engine() -> Literal["unsloth", "peft"]:
 
 
 class Trainer:
-    """Holds the base model + LoRA adapter, its optimizer, and the step counter."""
+    """Holds the base model + LoRA adapter, its optimizer, and the step counter.
+
+    What makes it fit: `max_seq_len`, the longest row it is ever handed (Unsloth's `max_seq_length`; a step caps
+    `TrainConfig.max_seq_len` by it and skips longer trajectories); `gradient_checkpointing` (Unsloth's on Unsloth,
+    torch's non-reentrant one on PEFT); `logprob_chunk_tokens`, the positions whose logits exist at once (None or
+    0: all of them); `load_in_4bit`, a 4-bit base (Unsloth on CUDA only, refused elsewhere before loading)."""
 
     def __init__(
         self,
@@ -57,8 +62,12 @@ class Trainer:
         max_seq_len: int = 2048,
         seed: int = 0,
         gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: int | None = None,
+        load_in_4bit: bool = False,
         parallel: Parallel | None = None,
     ) -> None:
+        _check_count("max_seq_len", max_seq_len, 2)
+        _check_count("logprob_chunk_tokens (0 or None: unchunked)", logprob_chunk_tokens or 0, 0)
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -67,6 +76,10 @@ class Trainer:
             dtype = torch.bfloat16 if cuda_bf16 else torch.float32
         self.dtype = dtype
         self.seed = seed
+        self.max_seq_len = max_seq_len
+        self.gradient_checkpointing = gradient_checkpointing
+        self.logprob_chunk_tokens = logprob_chunk_tokens or None
+        self.load_in_4bit = load_in_4bit
         self.parallel = parallel
         self.step = 0
         self.load_seconds = 0.0
@@ -77,6 +90,12 @@ class Trainer:
             log.warning("the sharded trainer runs PEFT + transformers under FSDP2, not Unsloth")
             wanted = "peft"
         self.engine: str = wanted
+        if load_in_4bit and (wanted != "unsloth" or self.device.type != "cuda"):
+            raise ValueError(
+                "load_in_4bit needs Unsloth on a CUDA device (bitsandbytes' 4-bit kernels); this trainer would run "
+                f"{'the sharded PEFT trainer' if parallel is not None else wanted} on {self.device.type}: "
+                "load the base in its own dtype (load_in_4bit=False)"
+            )
         if parallel is not None:
             from .fsdp import build_sharded_peft
 
@@ -95,9 +114,17 @@ class Trainer:
             try:
                 with quiet_loading():
                     self.model, self.tokenizer = loading.load_unsloth(
-                        self.base_model, self.lora, self.dtype, max_seq_len, gradient_checkpointing, seed
+                        self.base_model,
+                        self.lora,
+                        self.dtype,
+                        max_seq_len,
+                        gradient_checkpointing,
+                        seed,
+                        load_in_4bit=load_in_4bit,
                     )
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
+                if load_in_4bit:  # PEFT cannot honour it: no silent bf16 fallback
+                    raise RuntimeError(f"Unsloth could not load the 4-bit base: {error}") from error
                 log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
                 self.engine = "peft"
         if self.engine == "peft" and parallel is None:
@@ -111,6 +138,7 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if parallel is None:
             self.scorer = Scorer(self.model.get_base_model())
+        self.scorer.chunk_tokens = self.logprob_chunk_tokens
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # sharded: its DTensors
         fused = self.device.type == "cuda" and parallel is None
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, fused=fused)
@@ -125,18 +153,19 @@ class Trainer:
     ) -> torch.Tensor:
         """Logprobs (logits / T, then log_softmax) of the tokens at positions `targets[b]` of each row."""
         width = max(len(r) for r in rows)
+        if width > self.max_seq_len:  # Unsloth would cut the row and the positions would index past it
+            raise ValueError(
+                f"a row of {width} tokens is longer than the trainer's max_seq_len={self.max_seq_len}"
+            )
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         for b, row in enumerate(rows):
             input_ids[b, : len(row)] = torch.tensor(row)
         b_idx = torch.tensor([b for b, ts in enumerate(targets) for _ in ts], dtype=torch.long)
         t_idx = torch.tensor([t for ts in targets for t in ts], dtype=torch.long)
-        input_ids = input_ids.to(self.device)
+        input_ids, b_idx, t_idx = input_ids.to(self.device), b_idx.to(self.device), t_idx.to(self.device)
+        temps = torch.tensor(temperatures, dtype=torch.float32, device=self.device)[b_idx]
         # Right padding under a causal mask: real tokens never see the pads, so no attention mask is needed.
-        logits = self.scorer(input_ids, b_idx.to(self.device), (t_idx - 1).to(self.device)).float()
-        temps = torch.tensor(temperatures, dtype=torch.float32, device=self.device)[b_idx.to(self.device)]
-        logits = logits / temps[:, None]
-        chosen = input_ids[b_idx.to(self.device), t_idx.to(self.device)]
-        return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return self.scorer(input_ids, b_idx, t_idx - 1, input_ids[b_idx, t_idx], temps)
 
     @torch.no_grad()
     def logprobs_of(self, token_ids: list[int], temperature: float = 1.0, *, start: int = 1) -> list[float]:
@@ -183,17 +212,7 @@ class Trainer:
         totals = StepTotals(trained_tokens=sum(s.num_trained for s in sequences), trajectories=trajectories)
         self._seed_step()
         self.model.train()
-        keys = (
-            "loss",
-            "tokens",
-            "clipped",
-            "ratio",
-            "kl",
-            "staleness",
-            "stale",
-            "truncated",
-            "behaviour_weight",
-        )
+        keys = "loss tokens clipped ratio kl staleness stale truncated behaviour_weight".split()
         sums = dict.fromkeys(keys, 0.0)
         stale_drop = 0.0
         measure = config.max_token_drop is not None or config.measure_token_drop
@@ -242,8 +261,14 @@ class Trainer:
     def prepare(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> tuple[list[TrainSequence], Metrics]:
-        """See `prepare_groups`."""
-        return prepare_groups(self.tokenizer, self.vocab_size, groups, config)
+        """See `prepare_groups`; the step's limit is `seq_limit(config.max_seq_len)`."""
+        limit = self.seq_limit(config.max_seq_len)
+        return prepare_groups(self.tokenizer, self.vocab_size, groups, config, max_seq_len=limit)
+
+    def seq_limit(self, asked: int | None) -> int:
+        """A step's longest sequence: what the config asks (None: no limit of its own), never above the trainer's
+        `max_seq_len` (what Unsloth was loaded for)."""
+        return self.max_seq_len if asked is None else min(asked, self.max_seq_len)
 
     def _micro_batch_loss(
         self, batch: list[TrainSequence], config: TrainConfig, totals: StepTotals
@@ -284,19 +309,28 @@ class Trainer:
         """One optimizer step of cross-entropy on the assistant turns (token-averaged over the batch)."""
         started = time.perf_counter()
 
-        def tokenized() -> list[TrainSequence]:
-            rows: list[TrainSequence] = []
-            for trajectory in trajectories:
-                samples = sft_samples(trajectory, self.tokenizer)
-                rows += sequences_from_samples(samples, max_seq_len=config.max_seq_len).sequences
-            return rows
+        limit = self.seq_limit(config.max_seq_len)
 
-        sequences = self._agreed(tokenized)
+        def tokenized() -> tuple[list[TrainSequence], list[str]]:
+            rows: list[TrainSequence] = []
+            too_long: list[str] = []
+            for i, trajectory in enumerate(trajectories):
+                out = sequences_from_samples(sft_samples(trajectory, self.tokenizer), max_seq_len=limit)
+                rows += out.sequences
+                too_long += [f"trajectory {i} ({out.too_long} tokens)"] if out.too_long else []
+            return rows, too_long
+
+        sequences, too_long = self._agreed(tokenized)
         metrics: Metrics = {"trajectories": len(trajectories), "sequences": len(sequences)}
+        metrics["skipped_too_long"] = len(too_long)
+        if too_long:
+            log.warning("SFT: longer than max_seq_len=%d, skipped: %s", limit, ", ".join(too_long))
         total = sum(s.num_trained for s in sequences)
         metrics["trained_tokens"] = total
         if not total:
-            metrics["skipped_reason"] = "no assistant tokens"
+            metrics["skipped_reason"] = (
+                f"no assistant tokens{f' within max_seq_len={limit}' if too_long else ''}"
+            )
             return self._finish(metrics, started)
         self._seed_step()
         self.model.train()
@@ -443,6 +477,11 @@ class Trainer:
         if self.device.type == "cuda":
             metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
+
+
+def _check_count(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
 
 
 def _check_ids(token_ids: list[int], vocab_size: int) -> None:

@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", default="peft")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--logprob-chunk-tokens", type=int, default=0)
     parser.add_argument("--activation-checkpointing", type=int, default=1)
     parser.add_argument("--collective-timeout", type=float, default=60.0)
     parser.add_argument("--hsdp", type=int, default=0)
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             max_seq_len=args.max_seq_len,
             gradient_checkpointing=bool(args.activation_checkpointing),
+            logprob_chunk_tokens=args.logprob_chunk_tokens,
             parallel=parallel,
         )
         seconds = time.perf_counter() - started
