@@ -1,0 +1,444 @@
+"""One case of bench/gpu_check.py, in its own process (the trainer's): a randomly initialized model of a real shape
+built from its config on the GPU, the memory plan for it, one GRPO step with the plan's settings, the trainer's
+offload/reload cycle, then ART's shared-GPU order for 3 steps beside a vLLM memory stand-in (bench/gpu_standin.py).
+
+python bench/gpu_check_case.py --case qwen2.5-7b --out part.json [--dry-run] [--plan-json plans.json]
+
+The JSON is rewritten after every phase, so a case killed at its time limit still reports what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from art_adapters.config import LoRAConfig, TrainConfig
+from art_adapters.gpu_plan import GPUs, Plan, make_plan
+from art_adapters.training.trainer import Trainer
+from art_adapters.trajectories import TrajectoryGroup
+from gpu_models import CASES, DRY_CASES, Case, groups_for, model_folder, random_weights
+from gpu_standin import Child, StandIn
+
+GIB = 2**30
+LORA = LoRAConfig(rank=16, alpha=32)
+SHARED_STEPS = 3
+# Which of the plan's estimates is the trainer's step peak (the first one present is compared with the measure).
+TRAINER_PEAK_KEYS = ("trainer_peak", "trainer_step_peak", "trainer_total", "trainer")
+VLLM_ASLEEP_KEYS = ("vllm_asleep",)
+
+
+class Gauge:
+    """Memory readings: the GPU's (the caching allocator's reserve, and the whole device's use), or on the CPU
+    (a dry run) this process's resident set, which only shows that the sequence ran."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.cuda = device, device.type == "cuda"
+        self.total = torch.cuda.get_device_properties(device).total_memory if self.cuda else 0
+
+    def reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device) if self.cuda else _rss()
+
+    def peak_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device) if self.cuda else _rss()
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def device_used(self) -> int:
+        """Every process's use of the GPU (total - free); on the CPU this process's and its children's RSS."""
+        if self.cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            return total - free
+        import psutil
+
+        me = psutil.Process()
+        return me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+
+    def empty_cache(self) -> None:
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def gib(value: float) -> float:
+    return round(value / GIB, 4)
+
+
+class Report:
+    """The case's JSON, written after every phase; `event` logs the order the shared sequence ran in."""
+
+    def __init__(self, path: Path, case: str) -> None:
+        self.path, self.started = path, time.perf_counter()
+        self.data: dict[str, Any] = {"case": case, "events": [], "error": None}
+
+    def event(self, name: str, step: int | None = None, **fields: Any) -> None:
+        self.data["events"].append({"event": name, "step": step, "t": round(self.elapsed(), 3), **fields})
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def write(self) -> None:
+        self.data["elapsed_s"] = round(self.elapsed(), 2)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        tmp.replace(self.path)
+
+
+def build_trainer(folder: Path, plan: Plan, device: torch.device) -> tuple[Trainer, dict[str, Any]]:
+    """The trainer with the plan's settings. Settings this checkout's Trainer lacks are reported, not faked."""
+    accepted = inspect.signature(Trainer.__init__).parameters
+    kwargs: dict[str, Any] = {
+        "max_seq_len": plan.max_seq_len,
+        "gradient_checkpointing": plan.gradient_checkpointing,
+    }
+    info: dict[str, Any] = {"engine": "peft", "gradient_checkpointing": plan.gradient_checkpointing}
+    if "logprob_chunk_tokens" in accepted:
+        kwargs["logprob_chunk_tokens"] = plan.logprob_chunk_tokens
+        info["logprob_chunk_tokens"] = plan.logprob_chunk_tokens
+    else:
+        info["logprob_chunk_tokens"] = "not in this checkout's Trainer: logprobs unchunked"
+    dtype = torch.bfloat16 if device.type == "cuda" else None
+    with random_weights(device):
+        trainer = Trainer(folder, LORA, engine="peft", device=str(device), dtype=dtype, **kwargs)
+    base = trainer.model.get_base_model()
+    info["load_s"] = round(trainer.load_seconds, 2)
+    info["base_parameters"] = sum(p.numel() for p in base.parameters())
+    info["offload"] = (
+        "Trainer.offload/reload" if hasattr(trainer, "offload") else "fallback in gpu_check_case"
+    )
+    return trainer, info
+
+
+def move_trainer(trainer: Trainer, device: torch.device) -> None:
+    """The fallback offload/reload for a checkout whose Trainer has none: the model and its optimizer state."""
+    trainer.model.to(device)
+    for state in trainer.optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):  # fused AdamW keeps even its step counts on the GPU
+                state[key] = value.to(device)
+
+
+def offload(trainer: Trainer) -> None:
+    if hasattr(trainer, "offload"):
+        trainer.offload()
+    else:
+        move_trainer(trainer, torch.device("cpu"))
+
+
+def reload(trainer: Trainer) -> None:
+    if hasattr(trainer, "reload"):
+        trainer.reload()
+    else:
+        move_trainer(trainer, trainer.device)
+
+
+# --- the plan ------------------------------------------------------------------------------------------------------
+
+
+def plan_for(
+    case_name: str, case: Case, folder: Path, gauge: Gauge, plans: dict[str, Any] | None
+) -> tuple[Plan, str]:
+    """The plan from `make_plan` for this card, or the one `--plan-json` gives for this case."""
+    if plans is not None and case_name in plans:
+        return Plan.model_validate(plans[case_name]), "--plan-json"
+    if gauge.cuda:
+        props = torch.cuda.get_device_properties(gauge.device)
+        memory = case.card_gib or props.total_memory / GIB
+        capability = case.capability or (props.major, props.minor)
+        gpus = GPUs(count=1, memory_gib=memory, capability=capability, name=props.name)
+    else:
+        assert case.card_gib is not None and case.capability is not None
+        gpus = GPUs(count=1, memory_gib=case.card_gib, capability=case.capability, name="dry run")
+    tokens = case.sequences * (case.prompt_tokens + case.completion_tokens)
+    try:
+        plan = make_plan(
+            folder, gpus, max_seq_len=case.max_seq_len, lora_rank=LORA.rank, tokens_per_step=tokens
+        )
+    except NotImplementedError:
+        raise RuntimeError(
+            "make_plan is not implemented on this checkout: give the plans with --plan-json FILE "
+            '({"CASE": {Plan fields}, ...})'
+        ) from None
+    return plan, "make_plan"
+
+
+def standin_sizes(plan: Plan, config: dict[str, Any], weights_bytes: int, card_bytes: int) -> dict[str, int]:
+    """What vLLM would hold under the plan: its share of the card (utilization × memory) as the bf16 weights, the
+    KV cache for `kv_cache_tokens`, and the rest (graphs, activations, slack). Sleep releases the weights and KV
+    cache; the rest stays, except what the plan says an asleep engine releases too (its `vllm_asleep` estimate)."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
+    kv = plan.kv_cache_tokens * kv_per_token
+    share = int(plan.gpu_memory_utilization * card_bytes)
+    rest = max(0, share - weights_bytes - kv)
+    asleep = next((plan.estimates_gib[k] for k in VLLM_ASLEEP_KEYS if k in plan.estimates_gib), None)
+    resident = rest if asleep is None else min(rest, int(asleep * GIB))
+    return {"weights": weights_bytes, "kv": kv + rest - resident, "resident": resident, "share": share}
+
+
+# --- the sequence --------------------------------------------------------------------------------------------------
+
+
+def timed(gauge: Gauge, work: Callable[[], Any]) -> tuple[Any, float]:
+    gauge.sync()
+    started = time.perf_counter()
+    result = work()
+    gauge.sync()
+    return result, time.perf_counter() - started
+
+
+def standalone_step(
+    trainer: Trainer, groups: list[TrajectoryGroup], config: TrainConfig, gauge: Gauge
+) -> dict[str, Any]:
+    """A warm-up step (kernels, allocator), then the measured one from a reset peak."""
+    _, warmup_s = timed(gauge, lambda: trainer.train_step(groups, config))
+    warm_peak = gauge.peak_reserved()
+    gauge.reset_peak()
+    metrics, step_s = timed(gauge, lambda: trainer.train_step(groups, config))
+    tokens = sum(
+        len(c.prompt_token_ids or []) + len(c.completion_token_ids or [])
+        for g in groups
+        for t in g
+        for c in t.llm_calls
+    )
+    return {
+        "warmup_s": round(warmup_s, 3),
+        "step_s": round(step_s, 3),
+        "tokens": tokens,
+        "trained_tokens": int(metrics["trained_tokens"]),
+        "truncated_tokens": int(metrics.get("truncated_tokens", 0)),
+        "tokens_per_s": round(tokens / step_s, 1),
+        "micro_batches": int(metrics["micro_batches"]),
+        "loss": float(metrics["loss"]),
+        "peak_reserved_gib": gib(gauge.peak_reserved()),
+        "warmup_peak_reserved_gib": gib(warm_peak),
+    }
+
+
+def offload_cycle(trainer: Trainer, gauge: Gauge) -> dict[str, Any]:
+    """Offload (+ empty_cache) and reload, each timed, with the reserve before and after."""
+    gauge.empty_cache()
+    before, used_before = gauge.reserved(), gauge.device_used()
+    _, offload_s = timed(gauge, lambda: (offload(trainer), gauge.empty_cache()))
+    after, used_after = gauge.reserved(), gauge.device_used()
+    _, reload_s = timed(gauge, lambda: reload(trainer))
+    return {
+        "offload_s": round(offload_s, 3),
+        "reload_s": round(reload_s, 3),
+        "reserved_before_gib": gib(before),
+        "reserved_after_offload_gib": gib(after),
+        "freed_gib": gib(before - after),
+        "device_used_before_gib": gib(used_before),
+        "device_used_after_offload_gib": gib(used_after),
+        "reserved_after_reload_gib": gib(gauge.reserved()),
+    }
+
+
+def shared_step(
+    step: int,
+    trainer: Trainer,
+    standin: StandIn,
+    groups: list[TrajectoryGroup],
+    config: TrainConfig,
+    gauge: Gauge,
+    report: Report,
+    save_dir: Path,
+    used: Callable[[], float],
+) -> dict[str, Any]:
+    """ART's order: sleep, empty_cache, reload, train, save, offload, empty_cache, wake. A failure mid-step still
+    offloads, empties the cache and wakes the engine (then re-raises)."""
+    row: dict[str, Any] = {"step": step}
+
+    def phase(name: str, work: Callable[[], Any]) -> Any:
+        result, seconds = timed(gauge, work)
+        row[f"{name}_s"] = round(seconds, 3)
+        report.event(name, step, device_used_gib=used())
+        return result
+
+    asleep = phase("sleep", lambda: standin.post("/sleep?level=1"))
+    row["standin_asleep_bytes"] = asleep["held_bytes"]
+    phase("empty_cache", gauge.empty_cache)
+    try:
+        phase("reload", lambda: reload(trainer))
+        base = gauge.reserved()
+        row["device_used_after_reload_gib"] = used()
+        gauge.reset_peak()
+        metrics = phase("step", lambda: trainer.train_step(groups, config))
+        row["peak_reserved_gib"] = gib(gauge.peak_reserved())
+        # The device's use at the step's peak: what it used after reload, plus the reserve the step grew by.
+        row["device_peak_gib"] = round(
+            row["device_used_after_reload_gib"] + gib(gauge.peak_reserved() - base), 3
+        )
+        row["trained_tokens"] = int(metrics["trained_tokens"])
+        phase("save", lambda: trainer.save(save_dir / f"{step:04d}"))
+    finally:
+        phase("offload", lambda: offload(trainer))
+        phase("empty_cache", gauge.empty_cache)
+        row["device_used_trainer_offloaded_gib"] = used()
+        row["trainer_reserved_offloaded_gib"] = gib(gauge.reserved())
+        awake = phase("wake", lambda: standin.post("/wake_up"))
+        row["standin_awake_bytes"] = awake["held_bytes"]
+        row["device_used_awake_gib"] = used()
+    return row
+
+
+def start_ballast(card: int, case: Case, gauge: Gauge, scale: int, data: dict[str, Any]) -> Child:
+    """A card of `card` bytes made of a larger GPU: this process capped to it (`set_per_process_memory_fraction`; the
+    stand-in gets the same), and a ballast process holding the rest of the device's free memory, so that every
+    process together fits in `card` or fails (a fraction alone caps each process, not their sum)."""
+    fraction = min(1.0, card / gauge.total) if gauge.cuda else None
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction, gauge.device)
+    data["memory_fraction"] = fraction
+    gauge.empty_cache()
+    leave = card - gauge.device_used() if gauge.cuda else 0  # this process's context counts inside the card
+    dry_bytes = int((79.2 - (case.card_gib or 0.0)) * scale)
+    argv = [
+        "ballast",
+        "--device",
+        str(gauge.device),
+        "--leave-free-bytes",
+        str(leave),
+        "--bytes",
+        str(dry_bytes),
+    ]
+    ballast = Child(argv, 120)
+    data["ballast_gib"] = gib(ballast.ready["ballast_bytes"])
+    return ballast
+
+
+def start_standin(
+    plan: Plan, case: Case, card: int, gauge: Gauge, scale: int, data: dict[str, Any]
+) -> StandIn:
+    sizes = standin_sizes(plan, case.config, data["trainer"]["base_parameters"] * 2, card)
+    data["standin"] = {k + "_gib": gib(v) for k, v in sizes.items()}
+    argv = ["--device", str(gauge.device)]
+    for name in ("weights", "kv", "resident"):
+        argv += [f"--{name}-bytes", str(sizes[name] * scale // GIB)]
+    if data.get("memory_fraction") is not None:
+        argv += ["--memory-fraction", str(data["memory_fraction"])]
+    standin = StandIn(argv, 300)
+    data["standin"]["start_s"] = round(standin.ready["start_s"], 3)
+    data["standin"]["held_bytes"] = standin.ready["held_bytes"]
+    return standin
+
+
+def run_case(
+    name: str, case: Case, device: torch.device, report: Report, work: Path, plans: dict[str, Any] | None
+) -> None:
+    """The case's phases in order; an error ends it (recorded, `fits` false) and the stand-ins are stopped."""
+    gauge = Gauge(device)
+    data = report.data
+    card = int((case.card_gib or gauge.total / GIB) * GIB)
+    data["device"] = torch.cuda.get_device_name(device) if gauge.cuda else "cpu (dry run)"
+    data["card_gib"] = gib(card) if gauge.cuda else case.card_gib
+    scale = GIB if gauge.cuda else 2**20  # the dry run allocates the plan's GiB as MiB
+    children: list[Child] = []
+    ballast_bytes = 0
+
+    def used() -> float:
+        return gib(gauge.device_used() - ballast_bytes)
+
+    try:
+        folder = model_folder(case.config, work)
+        plan, data["plan_source"] = plan_for(name, case, folder, gauge, plans)
+        data["plan"] = plan.model_dump()
+        report.event("plan")
+        report.write()
+        if case.capped:
+            children.append(start_ballast(card, case, gauge, scale, data))
+            ballast_bytes = int(children[-1].ready["ballast_bytes"]) if gauge.cuda else 0
+            report.event("ballast", device_used_gib=used())
+        trainer, data["trainer"] = build_trainer(folder, plan, device)
+        report.event("trainer_loaded", device_used_gib=used())
+        report.write()
+        groups = groups_for(case, int(case.config["vocab_size"]) - 512)
+        config = TrainConfig(
+            loss="grpo",
+            learning_rate=1e-5,
+            max_seq_len=plan.max_seq_len,
+            micro_batch_tokens=plan.micro_batch_tokens,
+        )
+        step = data["step"] = standalone_step(trainer, groups, config, gauge)
+        key = next((k for k in TRAINER_PEAK_KEYS if k in plan.estimates_gib), None)
+        step["plan_estimate_key"] = key
+        step["plan_estimate_gib"] = plan.estimates_gib[key] if key else None
+        step["measured_over_estimate"] = (
+            round(step["peak_reserved_gib"] / plan.estimates_gib[key], 3) if key else None
+        )
+        report.event("standalone_step", device_used_gib=used())
+        report.write()
+        data["offload_cycle"] = offload_cycle(trainer, gauge)
+        report.event("offload_cycle")
+        offload(trainer)  # ART's order: the trainer loads first and leaves the GPU before vLLM starts
+        gauge.empty_cache()
+        report.event("offload", device_used_gib=used())
+        children.append(standin := start_standin(plan, case, card, gauge, scale, data))
+        report.event("standin_started", device_used_gib=used())
+        report.write()
+        rows: list[dict[str, Any]] = data.setdefault("shared_steps", [])
+        with tempfile.TemporaryDirectory(prefix="gpu-check-save-") as save_dir:
+            for index in range(1, SHARED_STEPS + 1):
+                row = shared_step(
+                    index, trainer, standin, groups, config, gauge, report, Path(save_dir), used
+                )
+                rows.append(row)
+                report.write()
+        peaks = [r["device_peak_gib"] for r in rows] + [r["device_used_awake_gib"] for r in rows]
+        data["max_device_used_gib"] = max(peaks)
+        data["fits"] = len(rows) == SHARED_STEPS and (not gauge.cuda or max(peaks) <= gib(card))
+    except Exception as error:
+        data["error"] = f"{type(error).__name__}: {str(error)[:1500]}"
+        data["fits"] = False
+        traceback.print_exc()
+    finally:
+        for child in reversed(children):
+            child.close()
+        report.event("done")
+        report.write()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--case", choices=sorted(CASES), required=True)
+    parser.add_argument("--out", required=True, help="the case's JSON")
+    parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes, the plan's GiB as MiB")
+    parser.add_argument("--plan-json", help="plans by case name, instead of make_plan's")
+    args = parser.parse_args()
+    cases = DRY_CASES if args.dry_run else CASES
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: bench/gpu_check.py --dry-run runs the same sequence on the CPU")
+    device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
+    plans = json.loads(Path(args.plan_json).read_text()) if args.plan_json else None
+    report = Report(Path(args.out), args.case)
+    report.data["dry_run"] = args.dry_run
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+        run_case(args.case, cases[args.case], device, report, Path(work), plans)
+
+
+if __name__ == "__main__":
+    main()
