@@ -272,7 +272,11 @@ def shared_step(
     row: dict[str, Any] = {"step": step}
 
     def phase(name: str, work: Callable[[], Any]) -> Any:
-        result, seconds = timed(gauge, work)
+        try:
+            result, seconds = timed(gauge, work)
+        except BaseException as error:
+            report.event(name, step, error=f"{type(error).__name__}: {str(error)[:300]}")
+            raise
         row[f"{name}_s"] = round(seconds, 3)
         report.event(name, step, device_used_gib=used())
         return result
