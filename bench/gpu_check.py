@@ -75,6 +75,30 @@ def run_case(name: str, args: argparse.Namespace, out: Path, timeout_s: float) -
     return result
 
 
+def plan_json_problem(path: Path, cases: list[str]) -> str | None:
+    """What is wrong with a --plan-json file, checked before any case starts (None: nothing)."""
+    from pydantic import ValidationError
+
+    from art_adapters.gpu_plan import Plan
+
+    try:
+        plans = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        return f"cannot read it as JSON ({error})"
+    if not isinstance(plans, dict):
+        return 'not an object of plans by case ({"CASE": {Plan fields}})'
+    strangers = sorted(set(plans) - set(CASES))
+    if strangers:
+        return f"{strangers} are not cases (cases: {', '.join(CASES)})"
+    for name in cases:
+        if name in plans:
+            try:
+                Plan.model_validate(plans[name])
+            except ValidationError as error:
+                return f"the plan for {name} is not a Plan: {error}"
+    return None
+
+
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for package in ("torch", "transformers", "peft"):
@@ -120,7 +144,7 @@ def table(report: dict[str, Any]) -> str:
                     plan.get("gpu_memory_utilization"),
                     plan.get("kv_cache_tokens"),
                     plan.get("gradient_checkpointing"),
-                    chunk if isinstance(chunk, int) else "unchunked",
+                    "unchunked" if isinstance(chunk, str) else chunk,
                     step.get("step_s"),
                     step.get("tokens_per_s"),
                     step.get("peak_reserved_gib"),
@@ -170,8 +194,10 @@ def main() -> int:
     unknown = sorted(set(cases) - set(CASES))
     if unknown or not cases:
         parser.error(f"unknown case(s) {unknown}: choose from {', '.join(CASES)}")
-    if args.plan_json and not Path(args.plan_json).is_file():
-        parser.error(f"--plan-json {args.plan_json}: no such file")
+    if args.plan_json:
+        problem = plan_json_problem(Path(args.plan_json), cases)
+        if problem:
+            parser.error(f"--plan-json {args.plan_json}: {problem}")
     if args.budget_s is None:
         args.budget_s = DRY_RUN_BUDGET_S if args.dry_run else BUDGET_S
     out = Path(args.out)

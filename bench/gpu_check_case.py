@@ -119,12 +119,19 @@ def build_trainer(folder: Path, plan: Plan, device: torch.device) -> tuple[Train
         info["logprob_chunk_tokens"] = plan.logprob_chunk_tokens
     else:
         info["logprob_chunk_tokens"] = "not in this checkout's Trainer: logprobs unchunked"
-    dtype = torch.bfloat16 if device.type == "cuda" else None
+    if plan.load_in_4bit:  # PEFT here has no bitsandbytes, and the weights are built in 16 bits
+        raise RuntimeError(
+            "the plan asks for a 4-bit trainer, which this check cannot build (no bitsandbytes)"
+        )
+    dtype = getattr(torch, plan.trainer_dtype) if device.type == "cuda" else None  # the CPU: float32
+    info["dtype"] = str(dtype or torch.float32).removeprefix("torch.")
     with random_weights(device):
         trainer = Trainer(folder, LORA, engine="peft", device=str(device), dtype=dtype, **kwargs)
     base = trainer.model.get_base_model()
     info["load_s"] = round(trainer.load_seconds, 2)
-    info["base_parameters"] = sum(p.numel() for p in base.parameters())
+    info["base_parameters"] = sum(
+        p.numel() for p in base.parameters() if not p.requires_grad
+    )  # LoRA's left out
     info["offload"] = (
         "Trainer.offload/reload" if hasattr(trainer, "offload") else "fallback in gpu_check_case"
     )

@@ -248,3 +248,25 @@ def test_the_cases_agree_between_the_scripts(bench: dict[str, ModuleType]) -> No
     assert (
         gpu_models.QWEN25_7B["vocab_size"] == 152064 and gpu_models.QWEN25_3B["tie_word_embeddings"] is True
     )
+
+
+def test_a_bad_plan_json_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps({"qwen2.5-7b": {"model": "x", "placement": "shared"}}))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "gpu_check.py"),
+            "--dry-run",
+            "--plan-json",
+            str(plans),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        timeout=120,
+    )
+    assert done.returncode == 2 and "the plan for qwen2.5-7b is not a Plan" in done.stderr
+    assert "max_seq_len" in done.stderr and not (tmp_path / "gpu_check.json").exists()
