@@ -168,6 +168,18 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {case['case']} | {row['step']} | {timings} | {cell(row.get('device_peak_gib'))} |"
             )
+    lines += [
+        "",
+        "| case | measured / plan GiB: trainer step (reserved) | training phase (device) | inference phase (device) |",
+    ]
+    lines.append("|---|---:|---:|---:|")
+    for case in report["cases"]:
+        compared = case.get("against_plan", {})
+        cells = [
+            f"{cell(c.get('measured_gib'))} / {cell(c.get('plan_gib'))}"
+            for c in (compared.get(k, {}) for k in ("trainer_step", "training_phase", "inference_phase"))
+        ]
+        lines.append(f"| {case['case']} | " + " | ".join(cells) + " |")
     for case in report["cases"]:
         if case.get("error"):
             lines.append(f"\n{case['case']}: ERROR {case['error']}")

@@ -23,18 +23,16 @@ from typing import Any
 import torch
 
 from art_adapters.config import LoRAConfig, TrainConfig
-from art_adapters.gpu_plan import GPUs, Plan, make_plan
+from art_adapters.gpu_plan import Plan
 from art_adapters.training.trainer import Trainer
 from art_adapters.trajectories import TrajectoryGroup
+from gpu_check_plan import LORA_RANK, against_plan, estimate, plan_for, standin_sizes
 from gpu_models import CASES, DRY_CASES, Case, groups_for, model_folder, random_weights
 from gpu_standin import Child, StandIn
 
 GIB = 2**30
-LORA = LoRAConfig(rank=16, alpha=32)
+LORA = LoRAConfig(rank=LORA_RANK, alpha=2 * LORA_RANK)
 SHARED_STEPS = 3
-# Which of the plan's estimates is the trainer's step peak (the first one present is compared with the measure).
-TRAINER_PEAK_KEYS = ("trainer_peak", "trainer_step_peak", "trainer_total", "trainer")
-VLLM_ASLEEP_KEYS = ("vllm_asleep",)
 
 
 class Gauge:
@@ -159,50 +157,6 @@ def reload(trainer: Trainer) -> None:
         trainer.reload()
     else:
         move_trainer(trainer, trainer.device)
-
-
-# --- the plan ------------------------------------------------------------------------------------------------------
-
-
-def plan_for(
-    case_name: str, case: Case, folder: Path, gauge: Gauge, plans: dict[str, Any] | None
-) -> tuple[Plan, str]:
-    """The plan from `make_plan` for this card, or the one `--plan-json` gives for this case."""
-    if plans is not None and case_name in plans:
-        return Plan.model_validate(plans[case_name]), "--plan-json"
-    if gauge.cuda:
-        props = torch.cuda.get_device_properties(gauge.device)
-        memory = case.card_gib or props.total_memory / GIB
-        capability = case.capability or (props.major, props.minor)
-        gpus = GPUs(count=1, memory_gib=memory, capability=capability, name=props.name)
-    else:
-        assert case.card_gib is not None and case.capability is not None
-        gpus = GPUs(count=1, memory_gib=case.card_gib, capability=case.capability, name="dry run")
-    tokens = case.sequences * (case.prompt_tokens + case.completion_tokens)
-    try:
-        plan = make_plan(
-            folder, gpus, max_seq_len=case.max_seq_len, lora_rank=LORA.rank, tokens_per_step=tokens
-        )
-    except NotImplementedError:
-        raise RuntimeError(
-            "make_plan is not implemented on this checkout: give the plans with --plan-json FILE "
-            '({"CASE": {Plan fields}, ...})'
-        ) from None
-    return plan, "make_plan"
-
-
-def standin_sizes(plan: Plan, config: dict[str, Any], weights_bytes: int, card_bytes: int) -> dict[str, int]:
-    """What vLLM would hold under the plan: its share of the card (utilization × memory) as the bf16 weights, the
-    KV cache for `kv_cache_tokens`, and the rest (graphs, activations, slack). Sleep releases the weights and KV
-    cache; the rest stays, except what the plan says an asleep engine releases too (its `vllm_asleep` estimate)."""
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    kv_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2
-    kv = plan.kv_cache_tokens * kv_per_token
-    share = int(plan.gpu_memory_utilization * card_bytes)
-    rest = max(0, share - weights_bytes - kv)
-    asleep = next((plan.estimates_gib[k] for k in VLLM_ASLEEP_KEYS if k in plan.estimates_gib), None)
-    resident = rest if asleep is None else min(rest, int(asleep * GIB))
-    return {"weights": weights_bytes, "kv": kv + rest - resident, "resident": resident, "share": share}
 
 
 # --- the sequence --------------------------------------------------------------------------------------------------
@@ -374,7 +328,7 @@ def run_case(
 
     try:
         folder = model_folder(case.config, work)
-        plan, data["plan_source"] = plan_for(name, case, folder, gauge, plans)
+        plan, data["plan_source"] = plan_for(name, case, folder, device, plans)
         data["plan"] = plan.model_dump()
         report.event("plan")
         report.write()
@@ -393,12 +347,7 @@ def run_case(
             micro_batch_tokens=plan.micro_batch_tokens,
         )
         step = data["step"] = standalone_step(trainer, groups, config, gauge)
-        key = next((k for k in TRAINER_PEAK_KEYS if k in plan.estimates_gib), None)
-        step["plan_estimate_key"] = key
-        step["plan_estimate_gib"] = plan.estimates_gib[key] if key else None
-        step["measured_over_estimate"] = (
-            round(step["peak_reserved_gib"] / plan.estimates_gib[key], 3) if key else None
-        )
+        step["plan_estimate_gib"] = estimate(plan, "trainer_step")
         report.event("standalone_step", device_used_gib=used())
         report.write()
         data["offload_cycle"] = offload_cycle(trainer, gauge)
@@ -419,6 +368,7 @@ def run_case(
                 report.write()
         peaks = [r["device_peak_gib"] for r in rows] + [r["device_used_awake_gib"] for r in rows]
         data["max_device_used_gib"] = max(peaks)
+        data["against_plan"] = against_plan(plan, data)
         data["fits"] = len(rows) == SHARED_STEPS and (not gauge.cuda or max(peaks) <= gib(card))
     except Exception as error:
         data["error"] = f"{type(error).__name__}: {str(error)[:1500]}"

@@ -53,7 +53,7 @@ def dry_plans(tmp_path: Path) -> list[str]:
     plans = {
         "qwen2.5-7b": common
         | {"gpu_memory_gib": 79.2, "gpu_memory_utilization": 0.7, "kv_cache_tokens": 100_000_000}
-        | {"micro_batch_tokens": 128, "estimates_gib": {"trainer_peak": 0.5, "vllm_asleep": 2.0}},
+        | {"micro_batch_tokens": 128, "estimates_gib": {"vllm_asleep": 2.0, "training_total": 4.0}},
         "qwen2.5-3b-24gb": common
         | {"gpu_memory_gib": 23.6, "gpu_memory_utilization": 0.6, "kv_cache_tokens": 20_000_000}
         | {"micro_batch_tokens": 256},
@@ -100,6 +100,12 @@ def test_dry_run_runs_the_shared_order_and_writes_the_json(tmp_path: Path) -> No
         assert step["tokens"] == 8 * 64 and step["trained_tokens"] == 8 * 40 and step["truncated_tokens"] == 0
         assert step["tokens_per_s"] > 0 and step["peak_reserved_gib"] > 0
         assert case["trainer"]["gradient_checkpointing"] is case["plan"]["gradient_checkpointing"]
+        compared = case["against_plan"]
+        assert set(compared) == {"trainer_step", "training_phase", "inference_phase"}
+        assert (
+            compared["training_phase"]["measured_gib"] == case["max_device_used_gib"]
+            or compared["inference_phase"]["measured_gib"] == case["max_device_used_gib"]
+        )
         held = case["standin"]["held_bytes"]
         for row in case["shared_steps"]:  # sleep released the weights and KV cache, wake retook them all
             assert row["standin_asleep_bytes"] < held == row["standin_awake_bytes"]
