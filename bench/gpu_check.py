@@ -153,7 +153,7 @@ def table(report: dict[str, Any]) -> str:
                     cycle.get("reload_s"),
                     cycle.get("freed_gib"),
                     case.get("max_device_used_gib"),
-                    len(case.get("shared_steps", [])),
+                    sum("save_s" in r and "wake_s" in r for r in case.get("shared_steps", [])),
                     case.get("fits"),
                 )
             )

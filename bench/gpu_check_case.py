@@ -178,6 +178,8 @@ def standalone_step(
     warm_peak = gauge.peak_reserved()
     gauge.reset_peak()
     metrics, step_s = timed(gauge, lambda: trainer.train_step(groups, config))
+    if "skipped_reason" in metrics:
+        raise RuntimeError(f"the step trained nothing: {metrics['skipped_reason']}")
     tokens = sum(
         len(c.prompt_token_ids or []) + len(c.completion_token_ids or [])
         for g in groups
@@ -218,7 +220,7 @@ def offload_cycle(trainer: Trainer, gauge: Gauge) -> dict[str, Any]:
 
 
 def shared_step(
-    step: int,
+    row: dict[str, Any],
     trainer: Trainer,
     standin: StandIn,
     groups: list[TrajectoryGroup],
@@ -227,10 +229,11 @@ def shared_step(
     report: Report,
     save_dir: Path,
     used: Callable[[], float],
-) -> dict[str, Any]:
-    """ART's order: sleep, empty_cache, reload, train, save, offload, empty_cache, wake. A failure mid-step still
-    offloads, empties the cache and wakes the engine (then re-raises)."""
-    row: dict[str, Any] = {"step": step}
+) -> None:
+    """ART's order for step `row["step"]`: sleep, empty_cache, reload, train, save, offload, empty_cache, wake; its
+    figures go into `row` as they come. A failure mid-step still offloads, empties the cache and wakes the engine
+    (then re-raises)."""
+    step = row["step"]
 
     def phase(name: str, work: Callable[[], Any]) -> Any:
         try:
@@ -266,7 +269,6 @@ def shared_step(
         awake = phase("wake", lambda: standin.post("/wake_up"))
         row["standin_awake_bytes"] = awake["held_bytes"]
         row["device_used_awake_gib"] = used()
-    return row
 
 
 def start_ballast(card: int, case: Case, gauge: Gauge, scale: int, data: dict[str, Any]) -> Child:
@@ -322,6 +324,7 @@ def run_case(
     scale = GIB if gauge.cuda else 2**20  # the dry run allocates the plan's GiB as MiB
     children: list[Child] = []
     ballast_bytes = 0
+    plan: Plan | None = None
 
     def used() -> float:
         return gib(gauge.device_used() - ballast_bytes)
@@ -330,6 +333,11 @@ def run_case(
         folder = model_folder(case.config, work)
         plan, data["plan_source"] = plan_for(name, case, folder, device, plans)
         data["plan"] = plan.model_dump()
+        length = case.prompt_tokens + case.completion_tokens
+        if plan.max_seq_len < length:
+            raise RuntimeError(
+                f"the plan's max_seq_len {plan.max_seq_len} is below this check's {length}-token rows"
+            )
         report.event("plan")
         report.write()
         if case.capped:
@@ -361,15 +369,11 @@ def run_case(
         rows: list[dict[str, Any]] = data.setdefault("shared_steps", [])
         with tempfile.TemporaryDirectory(prefix="gpu-check-save-") as save_dir:
             for index in range(1, SHARED_STEPS + 1):
-                row = shared_step(
-                    index, trainer, standin, groups, config, gauge, report, Path(save_dir), used
-                )
-                rows.append(row)
+                rows.append(row := {"step": index})
+                shared_step(row, trainer, standin, groups, config, gauge, report, Path(save_dir), used)
                 report.write()
-        peaks = [r["device_peak_gib"] for r in rows] + [r["device_used_awake_gib"] for r in rows]
-        data["max_device_used_gib"] = max(peaks)
-        data["against_plan"] = against_plan(plan, data)
-        data["fits"] = len(rows) == SHARED_STEPS and (not gauge.cuda or max(peaks) <= gib(card))
+        most = max(max(r["device_peak_gib"], r["device_used_awake_gib"]) for r in rows)
+        data["fits"] = not gauge.cuda or most <= gib(card)
     except Exception as error:
         data["error"] = f"{type(error).__name__}: {str(error)[:1500]}"
         data["fits"] = False
@@ -377,6 +381,11 @@ def run_case(
     finally:
         for child in reversed(children):
             child.close()
+        rows = data.get("shared_steps", [])
+        peaks = [r[k] for r in rows for k in ("device_peak_gib", "device_used_awake_gib") if k in r]
+        data["max_device_used_gib"] = max(peaks, default=None)
+        if plan is not None:
+            data["against_plan"] = against_plan(plan, data)
         report.event("done")
         report.write()
 

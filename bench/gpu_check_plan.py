@@ -79,8 +79,10 @@ def against_plan(plan: Plan, data: dict[str, Any]) -> dict[str, dict[str, float 
     rows = data.get("shared_steps", [])
     measured = {
         "trainer_step": data.get("step", {}).get("peak_reserved_gib"),
-        "training_phase": max((r["device_peak_gib"] for r in rows), default=None),
-        "inference_phase": max((r["device_used_awake_gib"] for r in rows), default=None),
+        "training_phase": max((r["device_peak_gib"] for r in rows if "device_peak_gib" in r), default=None),
+        "inference_phase": max(
+            (r["device_used_awake_gib"] for r in rows if "device_used_awake_gib" in r), default=None
+        ),
     }
     out: dict[str, dict[str, float | None]] = {}
     for what, value in measured.items():

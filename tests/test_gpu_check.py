@@ -202,8 +202,10 @@ def test_a_step_that_fails_still_offloads_the_trainer_and_wakes_the_engine(
     report = case.Report(tmp_path / "part.json", "test")
     gauge = case.Gauge(torch.device("cpu"))
     trainer = FailingTrainer()
+    row: dict[str, Any] = {"step": 1}
     with pytest.raises(RuntimeError, match="out of memory"):
-        case.shared_step(1, trainer, client, [], None, gauge, report, tmp_path, lambda: 0.0)
+        case.shared_step(row, trainer, client, [], None, gauge, report, tmp_path, lambda: 0.0)
+    assert row["standin_awake_bytes"] == 15000 and "step_s" not in row  # what it measured is kept
     assert trainer.calls == ["reload", "train_step", "offload"]
     events = [(e["event"], e.get("error")) for e in report.data["events"]]
     assert events == [
