@@ -18,7 +18,7 @@ TORCH_SOURCE = $$($(PROBE_PIP) download --quiet --quiet --no-deps --no-index -d 
 # matmul 30x slower under load with the default policy).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv venv-dev torch-source demo test test-fast matrix bench lint docs clean
+.PHONY: venv venv-dev torch-source demo test test-fast matrix bench gpu-check gpu-wheels lint docs clean
 
 venv: $(STAMP)
 venv-dev: $(DEV_STAMP)
@@ -69,6 +69,26 @@ bench: venv-dev
 	$(BIN)/python bench/async_pipeline.py
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/production_import.py
+
+# The GPU acceptance check (issue 36: the plan, the trainer and the shared-GPU order on one GPU, within 8 minutes on
+# one H100). For a CUDA host whose python3 has torch, transformers and peft; it needs no vLLM, no Unsloth and no
+# download. Never part of `make test` or CI: they run its CPU dry run (tests/test_gpu_check.py). docs/benchmarks.md
+# gives the lent-device command (`make gpu-wheels` first: what the package needs that such a host lacks).
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) bench/gpu_check.py --out build/gpu-check $(GPU_CHECK_ARGS)
+
+# Wheels (CPython 3.12, x86-64) of this package's own dependencies that the lent GPU image lacks, at this venv's
+# versions, into .whl/ (ignored; a few MiB) for the device command to install offline.
+GPU_WHEELS := pydantic pydantic_core annotated_types typing_inspection typing_extensions openai jiter distro sniffio \
+  httpx2 httpcore2 truststore h11 anyio idna
+gpu-wheels: venv
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(n + '==' + m.version(n) for n in '$(GPU_WHEELS)'.split()))")
+	@du -sh .whl
 
 # The documentation site, built strictly (a broken link or reference fails) into site/; its Python blocks run as
 # tests in `make test` (tests/test_docs.py). The docs extra is installed on first use.

@@ -109,7 +109,7 @@ def test_gspo_uses_the_sequence_geometric_mean_ratio() -> None:
 
 
 def test_gspo_is_not_eaten_by_the_samplers_bf16_gap() -> None:
-    """Sequence gaps the size measured on an H200 in bf16 (mean |gap| 8e-3 for a 0.5B-shaped model, bench/gpu_check.py)
+    """Sequence gaps the size measured on an H200 in bf16 (mean |gap| 8e-3 for a 0.5B-shaped model, bench/gpu_fidelity.py)
     would put every sequence outside GSPO's published clip 3e-4 / 4e-4 if the ratio were taken against the sampler;
     against the pre-step policy, the gap is a capped weight and every token trains, weighted by it."""
     gaps = torch.tensor([0.008, 0.008, -0.008, -0.008], dtype=torch.float64)  # logp_trainer - logp_sampled
