@@ -43,6 +43,7 @@ def prepare_groups(
         "left_out_tokens": 0,
     }
     excluded_reasons: set[str] = set()
+    skipped: dict[str, int] = {}  # skipped trajectories by why (TokenizedTrajectory.skip_kind)
     sequences: list[TrainSequence] = []
     fractions: list[float] = []
     captured: list[float] = []
@@ -74,11 +75,10 @@ def prepare_groups(
             excluded_reasons |= out.excluded_reasons
             if out.skipped:
                 metrics["skipped_trajectories"] += 1
+                skipped[out.skip_kind] = skipped.get(out.skip_kind, 0) + 1
             else:
                 trajectory.metrics["sampled_token_fraction"] = out.sampled_token_fraction
                 trajectory.metrics["captured_token_fraction"] = out.captured_token_fraction
-                fractions.append(out.sampled_token_fraction)
-                captured.append(out.captured_token_fraction)
                 tokenized.append((i, out.sequences))
         if not tokenized:
             metrics["groups_without_samples"] += 1
@@ -87,13 +87,17 @@ def prepare_groups(
             metrics["skipped_groups"] += 1
             continue
         for i, seqs in tokenized:
+            fractions.append(trajectories[i].metrics["sampled_token_fraction"])
+            captured.append(trajectories[i].metrics["captured_token_fraction"])
             for sequence in seqs:
                 sequence.advantage = advantages[i] if advantages is not None else 0.0
                 sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
                 sequences.append(sequence)
-    metrics["sampled_token_fraction"] = min(fractions, default=1.0)
-    metrics["captured_token_fraction"] = min(captured, default=1.0)
-    if metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
+    # Over the trajectories the step trains: a step that trains nothing certifies nothing (0.0, not 1.0).
+    metrics["sampled_token_fraction"] = min(fractions, default=0.0)
+    metrics["captured_token_fraction"] = min(captured, default=0.0)
+    metrics.update({f"skipped_{kind}": n for kind, n in skipped.items() if kind})
+    if fractions and metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
         raise TokenizationError(
             f"sampled_token_fraction is {metrics['sampled_token_fraction']:.4f}: some trained tokens were not "
             "sampled by the engine; refusing to train on them (TrainConfig(train_retokenized_text=True) "
@@ -114,6 +118,13 @@ def prepare_groups(
             metrics["ratio_missing_tokens"],
         )
     unmatched.warn()
+    if sequences and metrics["skipped_trajectories"]:  # a step that trains nothing says why in `skip_reason`
+        log.warning(
+            "%d of %d trajectories trained nothing this step: %s",
+            metrics["skipped_trajectories"],
+            metrics["trajectories"],
+            _skipped_words(metrics),
+        )
     return sequences, metrics
 
 
@@ -149,9 +160,26 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
             else "capture the calls through `model.openai_client()`, `wrap_rollout` or `art.trajectory(...)`"
         )
         parts.append(f"{metrics['groups_without_samples']} group(s) have no sampled token ids: {hint}")
+    if metrics.get("skipped_beyond_max_seq_len"):
+        parts.append(_skipped_words({"skipped_beyond_max_seq_len": metrics["skipped_beyond_max_seq_len"]}))
     if not groups or not metrics["trajectories"]:
         parts.append("no trajectories were given")
     return "no trainable tokens: " + ("; ".join(parts) or "every sampled token lies beyond max_seq_len")
+
+
+_SKIPPED_WHY = {
+    "no_sampled_ids": "have no sampled token ids (plain assistant messages, or calls not captured through "
+    "`model.openai_client()` / `wrap_rollout` / `art.trajectory(...)`; TrainConfig(train_retokenized_text=True) "
+    "trains re-rendered text)",
+    "beyond_max_seq_len": "have every sampled token beyond max_seq_len",
+    "not_in_train_on": "have no call among train_on",
+}
+
+
+def _skipped_words(metrics: Metrics) -> str:
+    """The step's skipped trajectories by why, in one line ("3 have no sampled token ids (...); 1 ...")."""
+    counts = {kind: metrics.get(f"skipped_{kind}", 0) for kind in _SKIPPED_WHY}
+    return "; ".join(f"{n} trajectory(ies) {_SKIPPED_WHY[kind]}" for kind, n in counts.items() if n)
 
 
 class _Unmatched:

@@ -18,6 +18,7 @@ from ..conversations import message_key
 from ..sources import CallSource
 from ..trajectories import History, LLMCall, Tools, Trajectory, messages_of
 from .render import ChatTokenizer, chat_template_ids
+from .versions import span_versions
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,11 @@ class Sample:
     trained: bool = True  # False: chained as context only (its call is not among `train_on`)
     origin: Literal["captured", "choice", "text"] = "captured"
     policy_version: int | None = None  # the training step whose weights sampled it (None: not known)
+    token_versions: list[int | None] | None = None  # per completion token, from ART's policy_token_spans
+
+    def versions(self) -> list[int | None]:
+        """The policy version that sampled each completion token (ART's spans where given, else the call's)."""
+        return self.token_versions or [self.policy_version] * len(self.completion_ids)
 
     @property
     def sampled(self) -> bool:
@@ -240,6 +246,7 @@ def _samples_of_choices(
                 excluded=excluded,
                 origin="choice",
                 policy_version=_extra(item, "policy_version"),
+                token_versions=span_versions(_extra(item, "policy_token_spans"), len(token_ids)),
             )
         )
     return samples

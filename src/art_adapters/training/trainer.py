@@ -27,6 +27,7 @@ from .parallel import Parallel
 from .prepare import prepare_groups, sft_batches, skip_reason
 from .quiet import quiet_loading
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples
+from .versions import check_not_future
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +227,10 @@ class Trainer:
     def prepare(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> tuple[list[TrainSequence], Metrics]:
-        """See `prepare_groups`."""
-        return prepare_groups(self.tokenizer, self.vocab_size, groups, config)
+        """See `prepare_groups`; a step whose tokens claim a version newer than this trainer's is refused."""
+        sequences, metrics = prepare_groups(self.tokenizer, self.vocab_size, groups, config)
+        check_not_future(groups, (v for s in sequences for v in s.versions), self.step)
+        return sequences, metrics
 
     def _micro_batch_loss(
         self, batch: list[TrainSequence], config: TrainConfig, totals: StepTotals
