@@ -42,6 +42,7 @@ class Sample:
     origin: Literal["captured", "choice", "text"] = "captured"
     policy_version: int | None = None  # the training step whose weights sampled it (None: not known)
     token_versions: list[int | None] | None = None  # per completion token, from ART's policy_token_spans
+    prompt_exact: bool = True  # the prompt ids are the engine's (False: rendered here by the chat template)
 
     def versions(self) -> list[int | None]:
         """The policy version that sampled each completion token (ART's spans where given, else the call's)."""
@@ -117,7 +118,9 @@ def _retokenized_turns(
         turn = rendered_turn(tokenizer, messages, i, history.tools)
         if turn is not None:
             prefix, completion = turn
-            out.append(Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text"))
+            out.append(
+                Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text", prompt_exact=False)
+            )
     return out
 
 
@@ -226,6 +229,7 @@ def _samples_of_choices(
             seen[tuple(token_ids)] -= 1
             continue
         prompt_ids = _extra(item, "prompt_token_ids")
+        prompt_exact = bool(prompt_ids)
         if not prompt_ids:
             prompt_ids = chat_template_ids(tokenizer, messages_of(items[:i]), tools)
         logprobs = None
@@ -247,6 +251,7 @@ def _samples_of_choices(
                 origin="choice",
                 policy_version=_extra(item, "policy_version"),
                 token_versions=span_versions(_extra(item, "policy_token_spans"), len(token_ids)),
+                prompt_exact=prompt_exact,
             )
         )
     return samples
