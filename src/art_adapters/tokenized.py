@@ -29,6 +29,11 @@ class TokenizedHistory(BaseModel):
     logprobs: list[float]
     flags: list[TokenFlag]
 
+    @property
+    def tokens(self) -> list[int]:
+        """ART's later name for `token_ids`."""
+        return self.token_ids
+
     @model_validator(mode="after")
     def _same_lengths(self) -> TokenizedHistory:
         if not len(self.token_ids) == len(self.logprobs) == len(self.flags):

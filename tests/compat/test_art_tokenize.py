@@ -13,6 +13,7 @@ from openai.types.chat.chat_completion import Choice
 from transformers import AutoTokenizer
 
 import art_adapters as art
+from art_adapters.qwen_templates import QWEN3_CHAT_TEMPLATE
 from art_adapters.tiny import tiny_model_path
 from art_adapters.training.render import chat_template_ids
 from art_adapters.trajectories import LegacyHistory
@@ -57,7 +58,7 @@ def test_trajectory_tokenize_flags_the_engines_prompt_and_sampled_tokens(tokeniz
     )
     tokenized = trajectory.tokenize(tokenizer=tokenizer)
     assert isinstance(tokenized, art.TokenizedTrajectory)
-    assert tokenized.token_ids == p + answer and tokenized.model == "policy"
+    assert tokenized.token_ids == p + answer == tokenized.tokens and tokenized.model == "policy"
     assert tokenized.flags == [EXACT] * len(p) + [EXACT | SAMPLED] * len(answer)
     assert all(math.isnan(x) for x in tokenized.logprobs[: len(p)]) and tokenized.logprobs[len(p) :] == [
         -0.5
@@ -173,3 +174,21 @@ def test_a_prompt_that_retokenizes_the_sampled_text_splits_unless_reconciled(tok
         )
         == 2
     )
+
+
+def test_a_choices_reasoning_content_is_part_of_what_it_sampled(tokenizer: Any) -> None:
+    """A Choice whose message carries vLLM's `reasoning_content` (ART's field) and no token ids: its rendered,
+    sampled tokens include the thinking, under the chat template the port names (`chat_template=`)."""
+    reasoning = Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+        }
+    )
+    history = LegacyHistory(messages_and_choices=[*HI, reasoning])
+    tokenized = history.tokenize(model="policy", tokenizer=tokenizer, chat_template=QWEN3_CHAT_TEMPLATE)
+    sampled = [t for t, f in zip(tokenized.token_ids, tokenized.flags, strict=True) if f & SAMPLED]
+    assert "<think>\ntwo and two\n</think>" in tokenizer.decode(sampled) and "4" in tokenizer.decode(sampled)
+    plain = history.tokenize(model="policy", tokenizer=tokenizer)  # the tokenizer's own template: no thinking
+    assert "two and two" not in tokenizer.decode(plain.token_ids)

@@ -119,9 +119,12 @@ def _rendered_choices(trajectory: Trajectory, tokenizer: Any) -> list[Sample]:
     (ART's SAMPLED without EXACT). Plain assistant messages stay prompt, as ART's legacy tokenization has it."""
     out = []
     for history in [trajectory, *trajectory.additional_histories]:
-        messages = history.messages()
         for i, item in enumerate(history.messages_and_choices):
             if isinstance(item, Choice) and not (item.model_extra or {}).get("token_ids"):
+                messages = history.messages()
+                reasoning = _reasoning(item)
+                if reasoning:  # what the model sampled includes its thinking: the template renders it
+                    messages[i] = {**messages[i], "reasoning": reasoning}
                 turn = rendered_turn(tokenizer, messages, i, history.tools)
                 if turn is not None:
                     prompt, completion = turn
@@ -136,6 +139,13 @@ def _rendered_choices(trajectory: Trajectory, tokenizer: Any) -> list[Sample]:
                         )
                     )
     return out
+
+
+def _reasoning(choice: Choice) -> str | None:
+    """The Choice's reasoning: vLLM's `reasoning_content` (its older name, ART's) or `reasoning`."""
+    extra = choice.message.model_extra or {}
+    value = extra.get("reasoning_content") or extra.get("reasoning")
+    return value if isinstance(value, str) else None
 
 
 def _logprobs(choice: Choice, n: int) -> list[float]:
