@@ -118,7 +118,9 @@ def prepare_groups(
             metrics["ratio_missing_tokens"],
         )
     unmatched.warn()
-    if sequences and metrics["skipped_trajectories"]:  # a step that trains nothing says why in `skip_reason`
+    # One warning for the step's skipped trajectories (a step that trains nothing says why in `skip_reason`); a
+    # trajectory `train_on` leaves out is the user's choice: counted, not warned about.
+    if sequences and set(skipped) - {"not_in_train_on"}:
         log.warning(
             "%d of %d trajectories trained nothing this step: %s",
             metrics["skipped_trajectories"],
