@@ -194,10 +194,14 @@ async def test_art_pipeline_trainer_drives_the_same_loop(
     assert backend.step == 4 and evaluated == [2, 4]
     config = backend.configs[-1]
     assert (config.loss, config.learning_rate) == ("cispo", 5e-5)
+    # ART's PipelineTrainer trains exact tokens only (TokenFlag.EXACT): never re-rendered text
+    assert not config.train_retokenized_text
     history = (backend.path / "pipe/models/agent/history.jsonl").read_text()
     assert '"train/steps_off_policy"' in history and '"val/reward"' in history
     with pytest.raises(art.UnsupportedARTSetting, match="adam_params"):
         PipelineTrainer(model, backend, rollout_fn, [], None, adam_params=object())
+    with pytest.raises(art.UnsupportedARTSetting, match="grad_accumulation_sequences"):
+        PipelineTrainer(model, backend, rollout_fn, [], None, grad_accumulation_sequences=4)
     with pytest.raises(TypeError, match="unexpected keyword"):
         PipelineTrainer(model, backend, rollout_fn, [], None, no_such_knob=1)
 

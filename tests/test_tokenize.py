@@ -231,7 +231,9 @@ def test_a_history_split_into_sequences_is_judged_by_its_longest(tokenizer):
     assert over.skipped and over.sequences == [] and over.too_long == longest
 
 
-def test_trajectory_without_sampled_ids_is_skipped_with_a_warning(tokenizer, caplog):
+def test_trajectory_without_sampled_ids_is_skipped_with_its_reason(tokenizer, caplog):
+    """The reason is on the result, not a warning per trajectory: the step warns once with the counts
+    (tests/test_skipped_steps.py)."""
     text_only = Trajectory(
         messages_and_choices=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
         reward=1.0,
@@ -241,7 +243,8 @@ def test_trajectory_without_sampled_ids_is_skipped_with_a_warning(tokenizer, cap
         out = tokenize_trajectory(text_only, tokenizer, max_seq_len=64, trajectory_index=3, group_index=1)
         out2 = tokenize_trajectory(Trajectory(llm_calls=[no_ids]), tokenizer, max_seq_len=64)
     assert out.skipped and out2.skipped and not out.sequences
-    assert "trajectory 3 of group 1" in caplog.text and "no sampled token ids" in caplog.text
+    assert "trajectory 3 of group 1" in out.reason and "no sampled token ids" in out.reason
+    assert out.skip_kind == out2.skip_kind == "no_sampled_ids" and not caplog.records
 
 
 def test_foreign_token_ids_raise_a_clear_error(tokenizer):

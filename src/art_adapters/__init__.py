@@ -21,8 +21,17 @@ from .config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig, T
 from .decorators import retry
 from .model import Model, TrainableModel
 from .sources import CallSource, role
+from .tokenized import (
+    TokenFlag,
+    TokenizedHistory,
+    TokenizedMultiHistoryTrajectory,
+    TokenizedTrajectory,
+    TokenizedTrajectoryGroup,
+    provide_history_tokenizer,
+)
 from .trajectories import (
     History,
+    LegacyHistory,
     LLMCall,
     Messages,
     MessagesAndChoices,
@@ -59,6 +68,16 @@ if TYPE_CHECKING:
 provide_rollout_scopes(
     SCOPES
 )  # `with art.Trajectory()`, `await art.TrajectoryGroup(...)`: the composition root
+
+
+def _tokenize_source(source: Any, **options: Any) -> list[TokenizedHistory]:
+    """`Trajectory.tokenize()`'s implementation, imported on first use (it renders with the training layer)."""
+    from .training.art_tokenize import tokenize_source
+
+    return tokenize_source(source, **options)
+
+
+provide_history_tokenizer(_tokenize_source)
 
 __version__ = "0.1.0"
 
@@ -105,6 +124,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "LegacyHistory",
+    "TokenFlag",
+    "TokenizedHistory",
+    "TokenizedMultiHistoryTrajectory",
+    "TokenizedTrajectory",
+    "TokenizedTrajectoryGroup",
     "CallSource",
     "role",
     "Backend",

@@ -2,7 +2,7 @@
 
 Rule: an ART setting at ART's default is accepted; a value we honour is mapped (each mapping below in one line);
 any other value raises `UnsupportedARTSetting` naming the setting and what to do instead. Nothing is silently
-ignored, except settings that only tune ART's memory use and cannot change a result (listed in `_NO_EFFECT`).
+ignored, except a setting that only sizes ART's own buffers and cannot change a result (`_NO_EFFECT`).
 """
 
 from __future__ import annotations
@@ -146,12 +146,9 @@ _ART_DEFAULTS: dict[str, Any] = {
     "moe_routing_replay_path": None,
     "moe_routing_replay_strict": False,
 }
-# Settings that only size ART's buffers: any value gives the same step here.
-_NO_EFFECT = {
-    "logprob_calculation_chunk_size",
-    "grad_accumulation_sequences",
-    "allow_training_without_logprobs",
-}
+# Settings that only size ART's buffers: any value gives the same step, in ART as here. (ART computes the
+# logprobs in chunks of this many tokens to bound memory; the values are the same however it chunks.)
+_NO_EFFECT = {"logprob_calculation_chunk_size"}
 
 
 def train_config(
@@ -159,7 +156,8 @@ def train_config(
 ) -> TrainConfig:
     """`base` (ours, or ART's TrainConfig, which is ours) updated by ART's keyword settings `knobs`.
 
-    learning_rate -> learning_rate; loss_fn "cispo" -> loss="cispo", "ppo" -> loss="grpo" (PPO clip);
+    learning_rate -> learning_rate; allow_training_without_logprobs=True -> train_retokenized_text=True;
+    grad_accumulation_sequences: only None (ART's default; see `grad_accumulation_refusal`); loss_fn "cispo" -> loss="cispo", "ppo" -> loss="grpo" (PPO clip);
     ppo=True/False -> the same; importance_sampling_level="sequence" -> loss="gspo" (with PPO clip);
     epsilon / epsilon_high / scale_rewards -> the same; normalize_advantages=False -> scale_rewards=False;
     kl_penalty_coef -> beta (a k3 KL term in the loss, where ART shifts advantages); packed_sequence_length ->
@@ -180,6 +178,14 @@ def train_config(
             continue
         if key == "learning_rate":
             update["learning_rate"] = float(value)
+        elif key == "allow_training_without_logprobs":
+            # ART trains assistant turns that carry no logprobs (re-rendered by the chat template, NaN logprobs:
+            # no importance ratio); ours is `train_retokenized_text`. False is ART's default: nothing to map.
+            if value:
+                update["train_retokenized_text"] = True
+        elif key == "grad_accumulation_sequences":
+            if value is not None:
+                raise UnsupportedARTSetting(grad_accumulation_refusal(where, value))
         elif key == "loss_fn":
             if value not in ("cispo", "ppo"):
                 raise UnsupportedARTSetting(f"{where}: loss_fn must be 'cispo' or 'ppo', not {value!r}")
@@ -217,6 +223,16 @@ def train_config(
     # Rebuilt from what was set, so a loss chosen here brings its own clip defaults (see TrainConfig).
     fields = {**config.model_dump(exclude_unset=True), **update}
     return TrainConfig(**fields)
+
+
+def grad_accumulation_refusal(where: str, value: Any) -> str:
+    """Why ART's `grad_accumulation_sequences` (sequences per optimizer update: ART takes several updates per
+    step) is refused: a step here is one optimizer update over all its sequences."""
+    return (
+        f"{where}: ART's grad_accumulation_sequences={value!r} (an optimizer update every {value} sequences, "
+        "several updates per step) is not supported: art-adapters takes one optimizer update per step over all "
+        "its sequences; leave it None, or split the groups over several train calls (one update each)"
+    )
 
 
 def art_backend_train_config(knobs: dict[str, Any], config: TrainConfig | None = None) -> TrainConfig:

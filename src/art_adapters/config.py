@@ -67,10 +67,12 @@ class TrainConfig(BaseModel):
     micro_batch_tokens: int = Field(
         default=4096, gt=0, description="Token budget of one forward/backward pass."
     )
-    grad_accumulation_sequences: int | None = Field(
+    grad_accumulation_sequences: None = Field(
         default=None,
-        ge=1,
-        description="ART's memory knob; no effect here (a step always accumulates all its micro-batches).",
+        description=(
+            "ART's sequences per optimizer update (ART takes several updates per step); only None here: a step "
+            "is one optimizer update over all its sequences, so any other value is refused."
+        ),
     )
     max_seq_len: int | None = Field(
         default=None,
@@ -154,6 +156,15 @@ class TrainConfig(BaseModel):
             ):
                 object.__setattr__(self, key, value)  # not through __setattr__: the field stays "unset"
         return self
+
+    @field_validator("grad_accumulation_sequences", mode="before")
+    @classmethod
+    def _one_update_per_step(cls, value: object) -> None:
+        if value is not None:
+            from .compat import grad_accumulation_refusal  # compat imports this module
+
+            raise ValueError(grad_accumulation_refusal("TrainConfig", value))
+        return None
 
     @model_validator(mode="after")
     def _check_train_on(self) -> TrainConfig:

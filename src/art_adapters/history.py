@@ -4,12 +4,14 @@ one), and a rollout's exception as data."""
 from __future__ import annotations
 
 import traceback
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Protocol
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field
 
 from .calls import LLMCall, Message, Tools
+from .tokenized import TokenizedHistory, history_tokenizer
 
 Messages = list[Message]
 MessageOrChoice = Annotated[Choice | Message, Field(union_mode="left_to_right")]
@@ -48,6 +50,47 @@ class History(BaseModel):
 
     def messages(self) -> list[Message]:
         return messages_of(self.messages_and_choices)
+
+    def tokenize(
+        self,
+        *,
+        model: str | None = None,
+        base_model: str | None = None,
+        tokenizer: Tokenizer | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+        reconcile_text_equivalent_tokenizations: bool = False,
+    ) -> TokenizedHistory:
+        """ART's `LegacyHistory.tokenize()`: this history as one token sequence (see `Trajectory.tokenize`)."""
+        histories = history_tokenizer()(
+            self,
+            reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+            model=model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        if len(histories) != 1:
+            raise ValueError(
+                f"the history tokenizes into {len(histories)} sequences (a later prompt does not extend the tokens "
+                "sampled before it): use Trajectory.tokenize(multi_history=True), or "
+                "reconcile_text_equivalent_tokenizations=True where only the tokenization of the same text differs"
+            )
+        return histories[0]
+
+
+LegacyHistory = History  # ART's name for a `messages_and_choices` history (`art.trajectories.LegacyHistory`)
+
+
+class Tokenizer(Protocol):
+    """What ART's `tokenize(tokenizer=...)` needs of a tokenizer (a Hugging Face tokenizer has it)."""
+
+    def __call__(self, text: str, *, add_special_tokens: bool = False) -> object: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
 
 
 def messages_of(items: MessagesAndChoices) -> list[Message]:

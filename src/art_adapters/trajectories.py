@@ -6,7 +6,7 @@ import copy
 import inspect
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,15 +18,24 @@ from .calls import LLMCall, Message, Tools
 from .calls import SampledChoice as SampledChoice  # re-exported: its home before calls.py
 from .conversations import conversations_by, histories_by, main_index
 from .history import History as History
+from .history import LegacyHistory as LegacyHistory
 from .history import MainPolicy as MainPolicy
 from .history import MessageOrChoice as MessageOrChoice
 from .history import Messages as Messages
 from .history import MessagesAndChoices as MessagesAndChoices
 from .history import MetadataValue as MetadataValue
 from .history import PydanticException as PydanticException
+from .history import Tokenizer as Tokenizer
 from .history import get_messages as get_messages
 from .history import messages_of as messages_of
 from .sources import SplitBy
+from .tokenized import (
+    TokenizedMultiHistoryTrajectory,
+    TokenizedTrajectory,
+    TokenizedTrajectoryGroup,
+    tokenize_group,
+    tokenize_trajectory,
+)
 
 REWARD_MISSING = "reward_missing"  # metadata flag: the reward field holds a 0.0 placeholder, no reward came
 
@@ -149,6 +158,33 @@ class Trajectory(BaseModel):
         self.metrics["duration"] = self.end_time - self.start_time
         return self
 
+    def tokenize(
+        self,
+        *,
+        multi_history: bool = False,
+        reconcile_text_equivalent_tokenizations: bool = False,
+        model: str | None = None,
+        base_model: str | None = None,
+        tokenizer: Tokenizer | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+    ) -> TokenizedTrajectory | TokenizedMultiHistoryTrajectory:
+        """ART's `Trajectory.tokenize()` (PR #773): its history's token ids, sampled logprobs (NaN where none) and
+        `TokenFlag`s (EXACT: the engine's id; SAMPLED: a sampled response token). `tokenizer`, or `base_model`
+        to load one; `multi_history=True` returns every history (a later prompt that does not extend the tokens
+        sampled before it starts a new one, unless `reconcile_text_equivalent_tokenizations` and it differs only
+        in how the same text is tokenized: ART PR #782)."""
+        return tokenize_trajectory(
+            self,
+            multi_history=multi_history,
+            reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+            model=model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
     def to_json(self) -> str:
         return self.model_dump_json()
 
@@ -243,6 +279,29 @@ class TrajectoryGroup(BaseModel):
 
     def __exit__(self, *exc_info: Any) -> None:
         rollout_scopes().exit_group(self)
+
+    def tokenize(
+        self,
+        *,
+        multi_history: bool = False,
+        reconcile_text_equivalent_tokenizations: bool = False,
+        model: str | None = None,
+        base_model: str | None = None,
+        tokenizer: Tokenizer | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+    ) -> TokenizedTrajectoryGroup[Any]:
+        """ART's `TrajectoryGroup.tokenize()`: each trajectory's `tokenize()` with the same settings."""
+        return tokenize_group(
+            self,
+            multi_history=multi_history,
+            reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+            model=model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
     def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
         """Run the pending rollouts (any failure raises; use `gather_trajectory_groups` to tolerate some)."""

@@ -76,3 +76,41 @@ async def test_backend_train_skips_advance_and_trains_change_weights(
     assert row["train/trained_tokens"] > 0
     history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
     assert history[-1]["step"] == start + 2 and history[-1]["split"] == "train"
+
+
+def plain_group() -> art.TrajectoryGroup:
+    """ART-style rollouts that append plain assistant messages (no Choice, no logprobs)."""
+    return art.TrajectoryGroup(
+        art.Trajectory(
+            messages_and_choices=[
+                {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": answer},
+            ],
+            reward=reward,
+        )
+        for answer, reward in (("red", 1.0), ("I cannot", 0.0), ("blue", 1.0))
+    )
+
+
+@aio
+async def test_a_step_without_logprobs_reports_itself_once_and_arts_setting_trains_it(
+    registered: tuple[art.LocalBackend, art.TrainableModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37: such a step advances with one warning (not one per trajectory) and certifies nothing; ART's
+    `allow_training_without_logprobs=True` trains the same rollouts (re-rendered by the chat template)."""
+    backend, model = registered
+    start = await model.get_step()
+    with caplog.at_level("WARNING"):
+        result = await backend.train(model, [plain_group(), plain_group()])
+    assert result.step == start + 1
+    metrics = result.metrics
+    assert metrics["trained_tokens"] == 0 and metrics["sampled_token_fraction"] == 0.0
+    assert metrics["skipped_trajectories"] == metrics["skipped_no_sampled_ids"] == 6
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("art_adapters")]
+    assert len(warnings) == 1 and "trained nothing" in warnings[0] and "2 group(s)" in warnings[0]
+
+    metrics = await model.train(
+        [plain_group()], _config=art.dev.TrainConfig(allow_training_without_logprobs=True)
+    )
+    assert await model.get_step() == start + 2
+    assert metrics["trained_tokens"] > 0 and metrics["sampled_token_fraction"] == 0.0

@@ -212,6 +212,10 @@ class RemoteBackend(ARTTraining):
                     kind = event.get("event")
                     if kind == "heartbeat":
                         continue
+                    if kind == "error" and event.get("type") == "FutureVersionError":
+                        from ..training.versions import FutureVersionError  # no torch: a light import
+
+                        raise FutureVersionError(f"{what} refused by the server: {event.get('message')}")
                     if kind == "error":
                         raise RemoteBackendError(
                             f"{what} failed on the server: {event.get('type')}: {event.get('message')}",

@@ -9,13 +9,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..model import TrainableModel
+from ..training.versions import FutureVersionError
 from ..trajectories import Trajectory, TrajectoryGroup
 
+__all__ = ["FutureVersionError"]  # the trainer's (training/versions.py): one error, raised by both
+
 log = logging.getLogger(__name__)
-
-
-class FutureVersionError(RuntimeError):
-    """A group claims a policy version the trainer has not produced yet: the server is serving another run."""
 
 
 def own_names(model: TrainableModel) -> set[str]:

@@ -56,6 +56,7 @@ def prepare_groups(
     }
     excluded_reasons: set[str] = set()
     too_long: list[str] = []
+    skipped: dict[str, int] = {}  # skipped trajectories by why (TokenizedTrajectory.skip_kind)
     sequences: list[TrainSequence] = []
     fractions: list[float] = []
     captured: list[float] = []
@@ -90,11 +91,10 @@ def prepare_groups(
             excluded_reasons |= out.excluded_reasons
             if out.skipped:
                 metrics["skipped_trajectories"] += 1
+                skipped[out.skip_kind] = skipped.get(out.skip_kind, 0) + 1
             else:
                 trajectory.metrics["sampled_token_fraction"] = out.sampled_token_fraction
                 trajectory.metrics["captured_token_fraction"] = out.captured_token_fraction
-                fractions.append(out.sampled_token_fraction)
-                captured.append(out.captured_token_fraction)
                 tokenized.append((i, out.sequences))
         if not tokenized:
             if group_too_long < len(trajectories):  # not only over-long ones: some had nothing sampled
@@ -104,27 +104,23 @@ def prepare_groups(
             metrics["skipped_groups"] += 1
             continue
         for i, seqs in tokenized:
+            fractions.append(trajectories[i].metrics["sampled_token_fraction"])
+            captured.append(trajectories[i].metrics["captured_token_fraction"])
             for sequence in seqs:
                 sequence.advantage = advantages[i] if advantages is not None else 0.0
                 sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
                 sequences.append(sequence)
-    metrics["sampled_token_fraction"] = min(fractions, default=1.0)
-    metrics["captured_token_fraction"] = min(captured, default=1.0)
-    if metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
+    # Over the trajectories the step trains: a step that trains nothing certifies nothing (0.0, not 1.0).
+    metrics["sampled_token_fraction"] = min(fractions, default=0.0)
+    metrics["captured_token_fraction"] = min(captured, default=0.0)
+    metrics.update({f"skipped_{kind}": n for kind, n in skipped.items() if kind})
+    if fractions and metrics["sampled_token_fraction"] < 1.0 and not config.train_retokenized_text:
         raise TokenizationError(
             f"sampled_token_fraction is {metrics['sampled_token_fraction']:.4f}: some trained tokens were not "
             "sampled by the engine; refusing to train on them (TrainConfig(train_retokenized_text=True) "
             "allows re-tokenized text)"
         )
     metrics["trained_tokens"] = sum(s.num_trained for s in sequences)
-    metrics["skipped_too_long"] = len(too_long)
-    if too_long:
-        log.warning(
-            "%d trajectory(ies) longer than max_seq_len=%d skipped (never truncated): %s",
-            len(too_long),
-            max_seq_len,
-            ", ".join(too_long),
-        )
     if metrics["ratio_excluded_tokens"]:
         log.warning(
             "%d sampled tokens came from distributions the trainer does not reproduce (%s): trained without an "
@@ -139,11 +135,15 @@ def prepare_groups(
             metrics["ratio_missing_tokens"],
         )
     unmatched.warn()
-    if missing:
+    # One warning for the step's skipped trajectories (a step that trains nothing says why in `skip_reason`, but
+    # still names its over-long ones here); a trajectory `train_on` leaves out is the user's choice: counted only.
+    if (sequences and (set(skipped) - {"not_in_train_on"} or missing)) or too_long:
         log.warning(
-            "%d trajectories skipped: reward missing (traces no score or attribute rewarded; map them to a value "
-            "with the importer's missing_reward=, or give each a reward)",
-            missing,
+            "%d of %d trajectories trained nothing this step: %s%s",
+            metrics["skipped_trajectories"],
+            metrics["trajectories"] + missing,
+            _skipped_words(metrics),
+            f" (max_seq_len={max_seq_len}: {', '.join(too_long)})" if too_long else "",
         )
     return sequences, metrics
 
@@ -203,6 +203,23 @@ def skip_reason(groups: list[TrajectoryGroup], metrics: Metrics) -> str:
     if not groups or not metrics["trajectories"]:
         parts.append("no trajectories were given")
     return "no trainable tokens: " + ("; ".join(parts) or "no trajectory trains a token")
+
+
+_SKIPPED_WHY = {
+    "no_sampled_ids": "have no sampled token ids (plain assistant messages, or calls not captured through "
+    "`model.openai_client()` / `wrap_rollout` / `art.trajectory(...)`; TrainConfig(train_retokenized_text=True) "
+    "trains re-rendered text)",
+    "too_long": "are longer than max_seq_len (skipped whole, never truncated)",
+    "reward_missing": "have no reward (map it with the importer's missing_reward=, or give each a reward)",
+    "no_trainable_token": "have no trainable token (only a first token was sampled)",
+    "not_in_train_on": "have no call among train_on",
+}
+
+
+def _skipped_words(metrics: Metrics) -> str:
+    """The step's skipped trajectories by why, in one line ("3 have no sampled token ids (...); 1 ...")."""
+    counts = {kind: metrics.get(f"skipped_{kind}", 0) for kind in _SKIPPED_WHY}
+    return "; ".join(f"{n} trajectory(ies) {_SKIPPED_WHY[kind]}" for kind, n in counts.items() if n)
 
 
 class _Unmatched:

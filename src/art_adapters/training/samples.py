@@ -18,6 +18,7 @@ from ..conversations import message_key
 from ..sources import CallSource
 from ..trajectories import History, LLMCall, Tools, Trajectory, messages_of
 from .render import ChatTokenizer, chat_template_ids
+from .versions import span_versions
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,12 @@ class Sample:
     trained: bool = True  # False: chained as context only (its call is not among `train_on`)
     origin: Literal["captured", "choice", "text"] = "captured"
     policy_version: int | None = None  # the training step whose weights sampled it (None: not known)
+    token_versions: list[int | None] | None = None  # per completion token, from ART's policy_token_spans
+    prompt_exact: bool = True  # the prompt ids are the engine's (False: rendered here by the chat template)
+
+    def versions(self) -> list[int | None]:
+        """The policy version that sampled each completion token (ART's spans where given, else the call's)."""
+        return self.token_versions or [self.policy_version] * len(self.completion_ids)
 
     @property
     def sampled(self) -> bool:
@@ -111,7 +118,9 @@ def _retokenized_turns(
         turn = rendered_turn(tokenizer, messages, i, history.tools)
         if turn is not None:
             prefix, completion = turn
-            out.append(Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text"))
+            out.append(
+                Sample(prefix, completion, [NAN] * len(completion), 1.0, origin="text", prompt_exact=False)
+            )
     return out
 
 
@@ -220,6 +229,7 @@ def _samples_of_choices(
             seen[tuple(token_ids)] -= 1
             continue
         prompt_ids = _extra(item, "prompt_token_ids")
+        prompt_exact = bool(prompt_ids)
         if not prompt_ids:
             prompt_ids = chat_template_ids(tokenizer, messages_of(items[:i]), tools)
         logprobs = None
@@ -240,6 +250,8 @@ def _samples_of_choices(
                 excluded=excluded,
                 origin="choice",
                 policy_version=_extra(item, "policy_version"),
+                token_versions=span_versions(_extra(item, "policy_token_spans"), len(token_ids)),
+                prompt_exact=prompt_exact,
             )
         )
     return samples

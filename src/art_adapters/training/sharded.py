@@ -29,6 +29,7 @@ from . import launcher
 from .launcher import Ranks, WorkerSpec, host_env
 from .rendezvous import TOKEN_ENV, join_token
 from .tokenize import TokenizationError
+from .versions import FutureVersionError
 from .wire import receive, send
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,8 @@ class ShardedTrainer:
         if "error" in answer:
             if answer["error"] == "TokenizationError":
                 raise TokenizationError(answer["message"])
+            if answer["error"] == "FutureVersionError":
+                raise FutureVersionError(answer["message"])
             raise TrainerProcessError(f"{answer['error']}: {answer['message']}")
         return answer
 

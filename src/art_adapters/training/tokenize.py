@@ -99,6 +99,7 @@ class TokenizedTrajectory:
     skipped: bool = False
     too_long: int = 0  # skipped for its length: its longest sequence's tokens (0: not too long)
     reason: str = ""
+    skip_kind: str = ""  # why it was skipped, as a metric's suffix (`skipped_{skip_kind}`, see prepare.py)
     excluded_tokens: int = 0  # sampled tokens trained without an importance ratio (see Sample.excluded)
     excluded_reasons: set[str] = field(default_factory=set)
     left_out_tokens: int = 0  # sampled tokens of calls `train_on` did not choose (context only)
@@ -160,10 +161,9 @@ def tokenize_trajectory(
     )
     for sample in samples:
         sample.trained = chosen(sample.source, train_on)
-    if not samples:
+    if not samples:  # counted and reported once per step (prepare.py), not warned per trajectory
         reason = f"{name} has no sampled token ids (not captured through our client?); skipped"
-        log.warning(reason)
-        return TokenizedTrajectory(skipped=True, reason=reason)
+        return TokenizedTrajectory(skipped=True, reason=reason, skip_kind="no_sampled_ids")
     _check_vocab(samples, vocab_size if vocab_size is not None else len(tokenizer), name)
 
     out = sequences_from_samples(
@@ -172,6 +172,7 @@ def tokenize_trajectory(
     out.sources = [sample.source for sample in samples if sample.source is not None]
     if out.too_long:
         out.reason = f"{name} is {out.too_long} tokens long (max_seq_len={max_seq_len}); skipped"
+        out.skip_kind = "too_long"
         return out
     for sample in samples:
         if not sample.trained:
@@ -187,8 +188,10 @@ def tokenize_trajectory(
         out.skipped = True
         if train_on and not any(s.trained for s in samples):
             out.reason = f"{name}: no call of it is among train_on={train_on}; skipped"
+            out.skip_kind = "not_in_train_on"
         else:
             out.reason = f"{name} has no trainable token (only its first token was sampled); skipped"
+            out.skip_kind = "no_trainable_token"
     return out
 
 
@@ -223,7 +226,7 @@ def sequences_from_samples(
         sequence.roles += [()] * len(context) + [role] * n
         sequence.sampled += [True] * len(context) + [sample.sampled] * n
         sequence.captured += [True] * len(context) + [sample.origin == "captured"] * n
-        sequence.versions += [None] * len(context) + [sample.policy_version] * n
+        sequence.versions += [None] * len(context) + sample.versions()
 
     out = TokenizedTrajectory()
     for sequence in sequences:

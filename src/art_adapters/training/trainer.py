@@ -28,6 +28,7 @@ from .prepare import prepare_groups, sft_batches, skip_reason
 from .quiet import quiet_loading
 from .step_guard import StepGuard, token_drop
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples
+from .versions import check_not_future
 
 log = logging.getLogger(__name__)
 
@@ -261,9 +262,14 @@ class Trainer:
     def prepare(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> tuple[list[TrainSequence], Metrics]:
-        """See `prepare_groups`; the step's limit is `seq_limit(config.max_seq_len)`."""
+        """See `prepare_groups`; the step's limit is `seq_limit(config.max_seq_len)`; a step whose tokens claim a
+        version newer than this trainer's is refused."""
         limit = self.seq_limit(config.max_seq_len)
-        return prepare_groups(self.tokenizer, self.vocab_size, groups, config, max_seq_len=limit)
+        sequences, metrics = prepare_groups(
+            self.tokenizer, self.vocab_size, groups, config, max_seq_len=limit
+        )
+        check_not_future(groups, (v for s in sequences for v in s.versions), self.step)
+        return sequences, metrics
 
     def seq_limit(self, asked: int | None) -> int:
         """A step's longest sequence: what the config asks (None: no limit of its own), never above the trainer's
