@@ -264,8 +264,9 @@ def test_over_long_trajectories_are_skipped_counted_and_named(model_path, caplog
         metrics = trainer.train_step(groups, config)
     warnings = [r.getMessage() for r in caplog.records if "max_seq_len" in r.getMessage()]
     assert warnings == [
-        f"2 trajectory(ies) longer than max_seq_len=48 skipped (never truncated): trajectory 1 of group 0 "
-        f"({prompt_len + over} tokens), trajectory 3 of group 0 ({prompt_len + over + 5} tokens)"
+        "2 of 4 trajectories trained nothing this step: 2 trajectory(ies) are longer than max_seq_len (skipped "
+        f"whole, never truncated) (max_seq_len=48: trajectory 1 of group 0 ({prompt_len + over} tokens), "
+        f"trajectory 3 of group 0 ({prompt_len + over + 5} tokens))"
     ]
     assert metrics["skipped_too_long"] == 2 and metrics["skipped_trajectories"] == 2
     assert metrics["trained_tokens"] == fits + 3 and "skipped_reason" not in metrics

@@ -210,7 +210,7 @@ _SKIPPED_WHY = {
     "`model.openai_client()` / `wrap_rollout` / `art.trajectory(...)`; TrainConfig(train_retokenized_text=True) "
     "trains re-rendered text)",
     "too_long": "are longer than max_seq_len (skipped whole, never truncated)",
-    "reward_missing": "have no reward (map it with the importer's missing_reward=, or give each a reward)",
+    "reward_missing": "have no reward (reward missing: map it with the importer's missing_reward=, or give each a reward)",
     "no_trainable_token": "have no trainable token (only a first token was sampled)",
     "not_in_train_on": "have no call among train_on",
 }
