@@ -16,10 +16,11 @@ from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
 from .serving import Registered, publish_step, required_lora_rank
-from .trainers import TrainerHost
+from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
+    from ..gpu_plan import Plan
     from ..inference import InferenceConfig, VLLMServer
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,10 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
         self._models: dict[Path, Registered] = {}  # by model folder
+        self._base_plans: dict[
+            Path, Plan | None
+        ] = {}  # the memory plan each owned engine started from (CUDA)
+        self._model_plans: dict[Path, Plan | None] = {}  # by model folder: its engine's plan
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
@@ -112,16 +117,22 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         )  # as ART: the model's own files (state.json) live beside the backend's
         async with self._lock:
             server = self._servers.get(base)
+            if server is None:
+                config = self._engine_config(base, model, rank)  # the plan, GPU ids and placement checked
             if server is not None and server.config.max_lora_rank < rank:
                 raise ValueError(
                     f"model {model.name!r} needs max_lora_rank >= {rank} (LoRA rank {model.lora.rank}"
                     f"{', lm_head as a full-rank delta' if model.lora.modules_to_save else ''}), but the server of "
                     f"{base.name} was started with max_lora_rank={server.config.max_lora_rank}"
                 )
+            self._model_plans[directory] = self._base_plans.get(base)
+            try:
+                self.shares_cuda_gpu(model, config if server is None else server.config)  # placement checked
+            except BaseException:
+                self._model_plans.pop(directory, None)
+                raise
             if server is None:
-                server = VLLMServer(
-                    base, self._inference_config(model, rank), log_path=directory / "logs/vllm.log"
-                )
+                server = VLLMServer(base, config, log_path=directory / "logs/vllm.log")
                 self._servers[base] = server
                 self._owned.append(server)
             gateway = gateway_of(server, server.config.limits)  # the one door to this server
@@ -134,11 +145,8 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             if state is not None and state.server is server:  # registered again: same trainer, same step
                 state.model = model
             else:
-                # vLLM start-up (seconds to minutes) and the trainer's load overlap.
                 try:
-                    _, trainer = await asyncio.gather(
-                        server.start(), asyncio.to_thread(self._load_trainer, model, directory)
-                    )
+                    trainer = await self._start(server, model, directory)
                 except BaseException:
                     if server in self._owned and not server.running:
                         self._owned.remove(server)
@@ -193,9 +201,12 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             step = state.step
             started = time.perf_counter()
             yield {"event": "started", "step": step, "groups": len(groups)}
-            metrics = await self._run_trainer(state, lambda trainer: trainer.train_step(groups, config))
+            metrics = await self._run_trainer(
+                state,
+                lambda trainer: trainer.train_step(groups, config),
+                save=lambda done: "skipped_reason" in done,  # nothing trained: the last folder, renamed
+            )
             yield {"event": "trained", "step": step, "loss": metrics.get("loss")}
-            await self._save_and_serve(state, unchanged="skipped_reason" in metrics)
             metrics.update(rollout_metrics(groups))
             metrics["step_seconds"] = time.perf_counter() - started
             if record:
@@ -219,8 +230,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         async with state.lock:
             step = state.step
             started = time.perf_counter()
-            trainer = await self._live_trainer(state)
-            batches = list(trainer.sft_batches(list(trajectories), config))
+            from ..training.prepare import sft_batches
+
+            batches = list(sft_batches(list(trajectories), config))
             yield {
                 "event": "started",
                 "step": step,
@@ -229,16 +241,22 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             }
             losses: list[float] = []
             tokens = 0
-            for i, batch in enumerate(batches):
-                rate = config.rate(i, len(batches))
+            for i, batch in enumerate(batches or [None]):
+                last = (
+                    i == max(len(batches), 1) - 1
+                )  # the SFT run is one checkpoint, saved with the last batch
+                rate = config.rate(i, len(batches)) if batches else config.learning_rate
                 settings = config.model_copy(update={"learning_rate": rate})
-                part = await self._run_trainer(state, lambda t, b=batch, c=settings: t.sft_step(b, c))  # type: ignore[misc]
+                part = await self._run_trainer(
+                    state,
+                    lambda t, b=batch, c=settings, end=last: _sft_part(t, b, c, end),  # type: ignore[misc]
+                    save=(lambda done: False) if last else None,
+                )
+                if batch is None:
+                    break
                 losses.append(float(part.get("loss", 0.0)))
                 tokens += int(part.get("trained_tokens", 0))
                 yield {"event": "batch", "step": step, "batch": i + 1, "of": len(batches), "loss": losses[-1]}
-            assert state.trainer is not None
-            state.trainer.step += 1  # sft_step leaves the step counter alone; the SFT run is one checkpoint
-            await self._save_and_serve(state)
             metrics = {
                 "loss": sum(losses) / max(len(losses), 1),
                 "final_loss": losses[-1] if losses else 0.0,
@@ -338,6 +356,43 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             )
         return state
 
+    def _engine_config(self, base: Path, model: TrainableModel, rank: int) -> InferenceConfig:
+        """The engine's settings: on CUDA, the installed versions checked, the GPU ids checked against the GPUs
+        this process sees, and the memory plan's decision for each setting left unset (a plan that cannot fit
+        raises PlanError here, before anything loads); on the CPU, the settings as given."""
+        config = self._inference_config(model, rank)
+        devices = cuda_devices()
+        if devices == 0:
+            self._base_plans[base] = None
+            return config
+        from .placement import check_ids, make_engine_plan, planned_config
+        from .stack import check_cuda_stack
+
+        check_cuda_stack()
+        given = self.trainer_gpu_ids or model.trainer_gpu_ids()
+        check_ids(given, config.gpu_ids, devices)
+        processes = self._trainer_processes(model)
+        trainer = given or (list(range(processes)) if processes > 1 else [])
+        plan = make_engine_plan(base, model, config, trainer)
+        self._base_plans[base] = plan
+        if plan is None:
+            return config
+        config = planned_config(config, plan)
+        check_ids(plan.trainer_gpu_ids, config.gpu_ids, devices)
+        log.info(
+            "memory plan for %s: %s, trainer GPUs %s, inference GPUs %s (TP %d x %d replicas, util %.2f), "
+            "max_seq_len %d",
+            base.name,
+            plan.placement,
+            plan.trainer_gpu_ids,
+            config.gpu_ids,
+            config.tensor_parallel_size,
+            config.replicas,
+            config.gpu_memory_utilization,
+            config.max_model_len,
+        )
+        return config
+
     def _inference_config(self, model: TrainableModel, rank: int) -> InferenceConfig:
         from ..inference import InferenceConfig
 
@@ -354,3 +409,12 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
         return config
+
+
+def _sft_part(trainer: Any, batch: list[Trajectory] | None, config: SFTConfig, last: bool) -> dict[str, Any]:
+    """One SFT batch (None: an SFT run with no batches); the last advances the step counter (sft_step leaves it
+    alone) so the run saves as one new checkpoint."""
+    part = trainer.sft_step(batch, config) if batch is not None else {}
+    if last:
+        trainer.step += 1
+    return part

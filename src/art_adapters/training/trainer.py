@@ -61,10 +61,7 @@ class Trainer:
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if dtype is None:
-            cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-            dtype = torch.bfloat16 if cuda_bf16 else torch.float32
-        self.dtype = dtype
+        self.dtype = loading.trainer_dtype(self.device, dtype)
         self.seed = seed
         self.parallel = parallel
         self.step = 0
@@ -92,9 +89,15 @@ class Trainer:
                 )
         elif wanted == "unsloth":
             try:
-                with quiet_loading():
+                with quiet_loading(unsloth=True):
                     self.model, self.tokenizer = loading.load_unsloth(
-                        self.base_model, self.lora, self.dtype, max_seq_len, gradient_checkpointing, seed
+                        self.base_model,
+                        self.lora,
+                        self.dtype,
+                        max_seq_len,
+                        gradient_checkpointing,
+                        seed,
+                        device=self.device,
                     )
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
                 log.warning("Unsloth failed (%s: %s); falling back to PEFT", type(error).__name__, error)
@@ -311,8 +314,46 @@ class Trainer:
     def sft_batches(self, trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
         return sft_batches(trajectories, config)
 
+    def offload(self) -> None:
+        """Move the weights, buffers and optimizer state to CPU (pinned), so an engine sharing this GPU can wake
+        into its memory; `reload()` brings them back. Parameters keep their identity (the optimizer's keys). A
+        no-op off CUDA, for a sharded trainer's process, or when already offloaded."""
+        if self.device.type != "cuda" or self.parallel is not None or getattr(self, "offloaded", False):
+            return
+        self._move_state(torch.device("cpu"))
+        self.offloaded = True
+
+    def reload(self) -> None:
+        """Back onto `self.device` after `offload()` (a no-op when not offloaded)."""
+        if not getattr(self, "offloaded", False):
+            return
+        self._move_state(self.device)
+        self.offloaded = False
+
     def close(self) -> None:
-        """Nothing to release in one process (a ShardedTrainer stops its processes)."""
+        """Release the model and optimizer: references dropped, garbage collected, and on CUDA the allocator's
+        cache emptied, so the memory is free before anything else loads (a ShardedTrainer stops its processes).
+        The trainer is unusable after it; `step` stays readable."""
+        import gc
+
+        for name in ("model", "optimizer", "params", "scorer", "tokenizer"):
+            self.__dict__.pop(name, None)
+        self.closed = True
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _move_state(self, device: torch.device) -> None:
+        pin = device.type == "cpu"
+        with torch.no_grad():
+            for tensor in [*self.model.parameters(), *self.model.buffers()]:
+                tensor.data = _moved(tensor.data, device, pin)
+                if tensor.grad is not None:
+                    tensor.grad = None
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        state[key] = _moved(value, device, pin)
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -403,6 +444,14 @@ class Trainer:
         if self.device.type == "cuda":
             metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
+
+
+def _moved(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+    if tensor.device == device:
+        return tensor
+    if pin:  # pinned host memory: the copy back to the GPU runs at full bus speed
+        return torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor)
+    return tensor.to(device)
 
 
 def _check_ids(token_ids: list[int], vocab_size: int) -> None:
