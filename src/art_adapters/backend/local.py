@@ -72,6 +72,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             Path, Plan | None
         ] = {}  # the memory plan each owned engine started from (CUDA)
         self._model_plans: dict[Path, Plan | None] = {}  # by model folder: its engine's plan
+        self._model_max_len: dict[Path, int] = {}  # by model folder: its engine's max_model_len (the trainer's too)
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
@@ -126,6 +127,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     f"{base.name} was started with max_lora_rank={server.config.max_lora_rank}"
                 )
             self._model_plans[directory] = self._base_plans.get(base)
+            self._model_max_len[directory] = (config if server is None else server.config).max_model_len
             try:
                 self.shares_cuda_gpu(model, config if server is None else server.config)  # placement checked
             except BaseException:

@@ -144,21 +144,27 @@ class TrainerHost:
             loaded.append(self._load_trainer(model, directory))
             return loaded[0]
 
+        running = server.running
         try:
             if not self.shares_cuda_gpu(model, server.config):
-                _, trainer = await asyncio.gather(server.start(), asyncio.to_thread(load))
-                return trainer
-            if server.running:
+                loading = asyncio.ensure_future(asyncio.to_thread(load))
+                try:
+                    await server.start()
+                finally:  # the load is waited out either way (a trainer no one holds is never left loaded)
+                    await asyncio.gather(loading, return_exceptions=True)
+                return loading.result()
+            if running:
                 await server.sleep()
                 await asyncio.to_thread(release_memory)
             try:
-                trainer = await asyncio.to_thread(load)
-                await asyncio.to_thread(_move, trainer, "offload")
+                trainer = await _to_the_end(load)
+                await _to_the_end(functools.partial(_move, trainer, "offload"))
             finally:
                 await asyncio.to_thread(release_memory)
-                if server.running:
+                if running:
                     await server.wake_up()
-            await server.start()
+            if not running:
+                await server.start()
             return trainer
         except BaseException:
             for trainer in loaded:
@@ -207,11 +213,12 @@ class TrainerHost:
         else:
             from ..training.trainer import Trainer
 
+            settings = trainer_settings(self._plan(model), Trainer)
+            engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
+            if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
+                settings["max_seq_len"] = engine_max_len
             trainer = Trainer(
-                model.base_model,
-                model.lora,
-                device=f"cuda:{gpus[0]}" if gpus else None,
-                **trainer_settings(self._plan(model), Trainer),
+                model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None, **settings
             )
         try:
             steps = checkpoints.list_steps(directory)

@@ -344,7 +344,7 @@ class Trainer:
             torch.cuda.empty_cache()
 
     def _move_state(self, device: torch.device) -> None:
-        pin = device.type == "cpu"
+        pin = device.type == "cpu" and torch.cuda.is_available()
         with torch.no_grad():
             for tensor in [*self.model.parameters(), *self.model.buffers()]:
                 tensor.data = _moved(tensor.data, device, pin)
