@@ -42,7 +42,9 @@ class Ledger:
         return ENGINE_GIB * self.engine_holds + TRAINER_GIB * len(self.on_gpu) + self.cached
 
     def take(self, event: str, gib: int) -> None:
-        assert self.used() + gib <= GPU_GIB, f"{event}: {gib} GiB asked, {GPU_GIB - self.used()} free ({self.events})"
+        assert self.used() + gib <= GPU_GIB, (
+            f"{event}: {gib} GiB asked, {GPU_GIB - self.used()} free ({self.events})"
+        )
         self.events.append(event)
 
     def note(self, event: str) -> None:
@@ -98,6 +100,7 @@ class FakeTrainer:
         ledger.most_live = max(ledger.most_live, len(ledger.live))
         self.ledger, self.step, self.fail, self.alive = ledger, step, fail, True
         self.gate: threading.Event | None = None
+        self.training = threading.Event()
 
     def offload(self) -> None:
         if id(self) in self.ledger.on_gpu:
@@ -122,6 +125,7 @@ class FakeTrainer:
         assert id(self) in self.ledger.on_gpu, "trained while offloaded"
         self.ledger.take("train", ACTIVATIONS_GIB)
         self.ledger.cached += ACTIVATIONS_GIB
+        self.training.set()
         if self.gate is not None:
             self.gate.wait(30)
         if self.fail == "before":
@@ -239,8 +243,7 @@ async def test_a_cancelled_step_wakes_the_engine_once_its_thread_ends(tmp_path: 
     trainer.gate = threading.Event()
     state = shared_state(tmp_path, ledger, trainer)
     task = asyncio.ensure_future(step_of(LocalBackend(tmp_path / "art"), state))
-    while "train" not in ledger.events:
-        await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(trainer.training.wait, 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task  # the caller returns at once
