@@ -76,7 +76,7 @@ def make_engine_plan(
         tensor_parallel_size=config.tensor_parallel_size
         if config.gpu_ids or "tensor_parallel_size" in given
         else None,
-        replicas=config.replicas if "replicas" in given else None,
+        replicas=config.replicas if config.gpu_ids or "replicas" in given else None,
         gpu_memory_utilization=config.gpu_memory_utilization if "gpu_memory_utilization" in given else None,
     )
 
@@ -91,6 +91,9 @@ def planned_config(config: InferenceConfig, plan: Plan) -> InferenceConfig:
     }
     if not plan.inference_gpu_ids:
         updates.pop("gpu_ids", None)
+    if "gpu_ids" in given:  # the GPUs given decide replicas x TP (the plan was asked with them)
+        updates.pop("replicas", None)
+        updates.pop("tensor_parallel_size", None)
     if plan.placement == "cpu":
         return config
     return InferenceConfig.model_validate({**config.model_dump(exclude_unset=True), **updates})
