@@ -72,7 +72,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             Path, Plan | None
         ] = {}  # the memory plan each owned engine started from (CUDA)
         self._model_plans: dict[Path, Plan | None] = {}  # by model folder: its engine's plan
-        self._model_max_len: dict[Path, int] = {}  # by model folder: its engine's max_model_len (the trainer's too)
+        self._model_max_len: dict[
+            Path, int
+        ] = {}  # by model folder: its engine's max_model_len (the trainer's too)
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
