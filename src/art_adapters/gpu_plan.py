@@ -73,9 +73,7 @@ class Plan(BaseModel):
     placement: Placement
     gpu_count: int = 0
     gpu_memory_gib: float = 0.0
-    trainer_gpu_ids: list[int] = Field(
-        default_factory=list, description="Logical ids (CUDA_VISIBLE_DEVICES)."
-    )
+    trainer_gpu_ids: list[int] = Field(default_factory=list, description="Logical ids (CUDA_VISIBLE_DEVICES).")
     inference_gpu_ids: list[int] = Field(default_factory=list, description="Logical ids.")
     tensor_parallel_size: int = 1
     replicas: int = 1
