@@ -91,10 +91,11 @@ class TrainerHost:
         """The model's trainer (loaded from its latest checkpoint when needed, or when the last one died). On a GPU
         it shares with the engine it is offloaded to CPU between steps: run work on it through `_run_trainer`."""
         state = self._registered(model)
-        if state.trainer is None or not getattr(state.trainer, "alive", True):
-            await self._run_trainer(state, lambda trainer: None)
-        assert state.trainer is not None
-        return state.trainer
+        async with state.lock:
+            if state.trainer is None or not getattr(state.trainer, "alive", True):
+                await self._run_trainer(state, lambda trainer: None)
+            assert state.trainer is not None
+            return state.trainer
 
     async def served_logprob_diff(
         self, model: TrainableModel, token_ids: list[int], step: int | None = None
@@ -105,7 +106,8 @@ class TrainerHost:
         served = await served_prompt_logprobs(
             state.server, state.gateway.adapter_name(state.name, step), token_ids
         )
-        ours = await self._run_trainer(state, lambda trainer: trainer.logprobs_of(token_ids))
+        async with state.lock:  # the engine sleeps while the trainer scores, on a shared GPU
+            ours = await self._run_trainer(state, lambda trainer: trainer.logprobs_of(token_ids))
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
     def dedicated(self, state: Registered) -> bool:
@@ -312,16 +314,14 @@ class TrainerHost:
                 raise
             except BaseException:
                 if trainer.step != before or not getattr(trainer, "alive", True):
-                    await self._drop_trainer(
-                        state
-                    )  # the weights moved but no checkpoint holds them, or it died
+                    # the weights moved but no checkpoint holds them, or it died
+                    await self._drop_trainer(state)
                 raise
             if save is not None:
                 saved = await self._save(state, trainer, unchanged=save(result))
         finally:
-            if (
-                shared and state.abandoned is None
-            ):  # (an abandoned step wakes the engine once its thread ends)
+            # (an abandoned step wakes the engine itself, once its thread has ended)
+            if shared and state.abandoned is None:
                 await self._release_and_wake(state)
         if saved is not None:
             await self._serve(state, *saved)
@@ -374,10 +374,8 @@ class TrainerHost:
             state.trainer = None
             state.abandoned = asyncio.ensure_future(_drop(running, trainer, state.server if shared else None))
             raise
-        except BaseException:
-            await self._drop_trainer(
-                state
-            )  # at a step no checkpoint may hold: the next call reloads from disk
+        except BaseException:  # at a step no checkpoint may hold: the next call reloads from disk
+            await self._drop_trainer(state)
             raise
         state.step = new
         return old, moved if move else None
