@@ -93,6 +93,24 @@ def test_every_setting_given_overrides_the_plan(tmp_path: Path, on_cuda: list[di
     assert settings == {"max_seq_len": 4096, "gradient_checkpointing": True, "dtype": torch.bfloat16}
 
 
+def test_a_dedicated_engine_starts_without_sleep_mode(tmp_path: Path, on_cuda: list[dict[str, Any]]) -> None:
+    EIGHT_GPUS.enable_sleep_mode = True  # even where a plan would have it on
+    try:
+        backend = LocalBackend(tmp_path, inference=InferenceConfig(gpu_ids=[1]), trainer_gpu_ids=[0])
+        config = backend._engine_config(tiny_model_path(), model_of(), 16)
+    finally:
+        EIGHT_GPUS.enable_sleep_mode = False
+    assert config.sleep_mode_enabled(True) is False and config.gpu_ids == [1]
+    shared = LocalBackend(tmp_path, inference=InferenceConfig(gpu_ids=[0]), trainer_gpu_ids=[0])
+    assert (
+        shared._engine_config(tiny_model_path(), model_of(), 16).sleep_mode_enabled(True) is False
+    )  # the plan's
+    given = LocalBackend(
+        tmp_path, inference=InferenceConfig(gpu_ids=[0], enable_sleep_mode=True), trainer_gpu_ids=[0]
+    )
+    assert given._engine_config(tiny_model_path(), model_of(), 16).sleep_mode_enabled(True) is True
+
+
 class _Trainer:
     def __init__(self, base: str, *, max_seq_len: int, gradient_checkpointing: bool, dtype: Any) -> None: ...
 

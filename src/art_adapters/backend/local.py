@@ -369,7 +369,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         if devices == 0:
             self._base_plans[base] = None
             return config
-        from .placement import check_ids, make_engine_plan, planned_config
+        from .placement import check_ids, make_engine_plan, placement_of, planned_config
         from .stack import check_cuda_stack
 
         check_cuda_stack()
@@ -383,6 +383,12 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             return config
         config = planned_config(config, plan)
         check_ids(plan.trainer_gpu_ids, config.gpu_ids, devices)
+        trainer = given or list(plan.trainer_gpu_ids)
+        dedicated = placement_of(trainer, config.gpu_ids, plan.placement) == "dedicated"
+        if dedicated and "enable_sleep_mode" not in self._given_engine_fields():
+            config = config.model_copy(
+                update={"enable_sleep_mode": False}
+            )  # GPUs of its own: it never sleeps
         log.info(
             "memory plan for %s: %s, trainer GPUs %s, inference GPUs %s (TP %d x %d replicas, util %.2f), "
             "max_seq_len %d",
@@ -396,6 +402,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             config.max_model_len,
         )
         return config
+
+    def _given_engine_fields(self) -> set[str]:
+        return set(self.inference.model_fields_set) if self.inference is not None else set()
 
     def _inference_config(self, model: TrainableModel, rank: int) -> InferenceConfig:
         from ..inference import InferenceConfig
