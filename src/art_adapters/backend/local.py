@@ -149,6 +149,11 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             if state is not None and state.server is server:  # registered again: same trainer, same step
                 state.model = model
             else:
+                if (
+                    state is not None and state.trainer is not None
+                ):  # its old trainer goes before a new one loads
+                    async with state.lock:
+                        await self._drop_trainer(state)
                 try:
                     trainer = await self._start(server, model, directory)
                 except BaseException:
@@ -167,8 +172,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 )
                 try:
                     await publish_step(state, state.step)
-                except BaseException:  # a failed registration leaves no name behind
+                except BaseException:  # a failed registration leaves no name, and no trainer, behind
                     await gateway.forget(state.name)
+                    await self._drop_trainer(state)
                     raise
                 self._models[directory] = state
         return InferenceEndpoint(
