@@ -374,3 +374,39 @@ def test_the_cuda_stack_is_checked_at_start(
     del installed["vllm"]
     with pytest.raises(RuntimeError, match="vLLM is not installed"):
         stack.check_cuda_stack()
+
+
+def test_the_engines_sequence_length_and_the_plan_reach_the_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from art_adapters.training import trainer as trainer_module
+
+    made: list[dict[str, Any]] = []
+
+    class Recorder:
+        step = 0
+
+        def __init__(self, base: str, lora: Any, *, device: str | None = None, **kwargs: Any) -> None:
+            made.append({"device": device, **kwargs})
+
+        def save(self, directory: Path) -> Path:
+            (directory / "adapter_config.json").write_text("{}")
+            return directory
+
+        def load(self, directory: Path) -> None: ...
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(trainer_module, "Trainer", Recorder)
+    backend = LocalBackend(tmp_path)
+    model = model_of()
+    directory = backend.model_dir(model)
+    backend._model_max_len[directory] = 4096
+    backend._load_trainer(model, directory)
+    assert made[-1] == {"device": None, "max_seq_len": 4096}  # CPU: no plan, the engine's length
+    monkeypatch.setattr(trainers, "cuda_devices", lambda: 8)
+    backend._model_plans[directory] = EIGHT_GPUS.model_copy(update={"trainer_gpu_ids": [2]})
+    backend._load_trainer(model, directory)
+    assert made[-1]["device"] == "cuda:2" and made[-1]["max_seq_len"] == 4096  # the engine's, as served
+    assert made[-1]["gradient_checkpointing"] is True and made[-1]["dtype"] is torch.bfloat16
+    assert made[-1]["logprob_chunk_tokens"] == 512  # the plan's decisions

@@ -113,7 +113,9 @@ def trainer_settings(plan: Plan | None, trainer_class: type) -> dict[str, Any]:
         "logprob_chunk_tokens": plan.logprob_chunk_tokens,
         "load_in_4bit": plan.load_in_4bit,
     }
-    accepted = inspect.signature(trainer_class).parameters
+    parameters = inspect.signature(trainer_class).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    accepted = set(settings) if takes_any else set(parameters)
     if plan.load_in_4bit and "load_in_4bit" not in accepted:
         raise ValueError("the plan asks for a 4-bit trainer, which this Trainer cannot load")
     return {name: value for name, value in settings.items() if name in accepted}
