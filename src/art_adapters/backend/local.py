@@ -29,10 +29,12 @@ log = logging.getLogger(__name__)
 class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
     """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`).
 
-    Placement on CUDA: `trainer_gpu_ids` and `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config`
-    `trainer_gpu_ids` / `inference_gpu_ids`) put the trainer and the engine on their own GPUs, so the engine
-    never sleeps during a step (the async pipeline's setting); sharing one GPU, the engine sleeps while a step
-    trains (requests in flight finish first). On the CPU both simply run.
+    Placement on CUDA: the memory plan (`gpu_plan.make_plan`) decides every setting left unset (GPUs, TP x
+    replicas, vLLM's share, the sequence length, the trainer's dtype and checkpointing). `trainer_gpu_ids` and
+    `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config` `trainer_gpu_ids` / `inference_gpu_ids`) put the
+    trainer and the engine on their own GPUs, so the engine never sleeps (the async pipeline's setting); sharing
+    one GPU, ART's order: the engine sleeps while a step trains and the trainer waits on the CPU between steps.
+    On the CPU both simply run.
 
     Past one GPU: `trainer_processes=N` trains each step data-parallel on N processes with FSDP2
     (`training/sharded.py`; on a CUDA host GPUs 0..N-1 unless `trainer_gpu_ids` says otherwise, gloo on the CPU);
