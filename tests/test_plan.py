@@ -239,10 +239,16 @@ def test_a_context_that_cannot_fit_is_refused_with_a_shorter_nearest(models: dic
     assert caught.value.nearest is not None and caught.value.nearest.max_seq_len < 32768
 
 
-def test_pre_ampere_gets_float16_with_loss_scaling(models: dict[str, Path]) -> None:
-    plan = make_plan(models["qwen2.5-3b"], GPUs(1, 14.6, (7, 5), "T4"), max_seq_len=4096)
-    assert plan.trainer_dtype == "float16" and plan.loss_scaling
+def test_pre_ampere_trains_in_float32(models: dict[str, Path]) -> None:
+    """The trainer refuses half precision below capability 8.0 (no loss-scaled fp16 steps), so the plan budgets
+    fp32 weights there and never a 4-bit base (it computes in half precision)."""
+    plan = make_plan(models["qwen2.5-3b"], GPUs(1, 39.4, (7, 0), "V100"), max_seq_len=4096)
+    ampere = make_plan(models["qwen2.5-3b"], GPUs(1, 39.4, (8, 0), "A100"), max_seq_len=4096)
+    assert plan.trainer_dtype == "float32" and not plan.loss_scaling and not plan.load_in_4bit
+    assert plan.estimates_gib["trainer_weights"] == pytest.approx(2 * ampere.estimates_gib["trainer_weights"])
     assert any("no bf16" in note for note in plan.notes)
+    with pytest.raises(PlanError):  # fp32 weights of 3B (11.5 GiB) beside the rest do not fit a T4
+        make_plan(models["qwen2.5-3b"], GPUs(1, 14.6, (7, 5), "T4"), max_seq_len=4096, load_in_4bit=False)
     assert make_plan(models["qwen2.5-3b"], CARD_24GB, max_seq_len=4096).trainer_dtype == "bfloat16"
 
 

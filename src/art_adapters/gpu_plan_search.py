@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from . import gpu_memory as mem
-from .gpu_plan import Placement, Plan, PlanError
+from .gpu_plan import GPUs, Placement, Plan, PlanError
 from .gpu_plan_request import Request, check_request
 
 DEFAULT_MICRO_BATCH_TOKENS = (
@@ -178,8 +178,9 @@ def _trial(
     peak_tokens = max(micro_batch, seq)
     ranks = len(layout.trainer)  # >1: the sharded trainer splits weights and LoRA state over its ranks
     e: dict[str, float] = {}
+    width = mem.BF16 if _has_bf16(gpus) else 4  # pre-Ampere: the trainer trains in fp32 (no fp16 steps)
     e["trainer_weights"] = (
-        mem.trainer_weights_gib(shape, bytes_per_param=mem.BF16, load_in_4bit=four_bit) / ranks
+        mem.trainer_weights_gib(shape, bytes_per_param=width, load_in_4bit=four_bit) / ranks
     )
     e["lora_optimizer"] = mem.lora_state_gib(shape, r.lora_rank) / ranks
     e["activations"] = mem.TRANSIENT_MARGIN * mem.activation_gib(
@@ -253,10 +254,18 @@ def _trainer_fit(r: Request, layout: Layout, seq: int, four_bit: bool) -> Trial 
     return None
 
 
+def _has_bf16(gpus: GPUs) -> bool:
+    """bf16 is native from compute capability 8.0 (Ampere); below it the trainer takes fp32 steps (torch's bf16
+    there is emulated, Unsloth would switch it to fp16, and this trainer takes no loss-scaled fp16 steps)."""
+    return gpus.capability >= (8, 0)
+
+
 def _search(r: Request, layout: Layout) -> Trial | None:
     """16-bit before 4-bit, longer max_seq_len before shorter: first the model's context down to 4096 tokens
     (16-bit, then 4-bit), then on down to 1024 tokens."""
     four_bits = [False, True] if r.load_in_4bit is None else [r.load_in_4bit]
+    if r.gpus is not None and not _has_bf16(r.gpus):  # a 4-bit base computes in half precision: not there
+        four_bits = [False]
     target = r.max_seq_len or r.shape.context
     floors = (
         [target]
@@ -329,7 +338,7 @@ def _summary(plan: Plan | None) -> str:
 def _plan(r: Request, layout: Layout, t: Trial) -> Plan:
     gpus = r.gpus
     assert gpus is not None
-    fp16 = gpus.capability < (8, 0)
+    fp32 = not _has_bf16(gpus)
     notes = []
     if layout.placement == "shared":
         notes.append(
@@ -342,9 +351,10 @@ def _plan(r: Request, layout: Layout, t: Trial) -> Plan:
         )
     if t.seq < r.shape.context and r.max_seq_len is None:
         notes.append(f"max_seq_len capped at {t.seq} from the model's {r.shape.context} by what fits")
-    if fp16:
+    if fp32:
         notes.append(
-            f"capability {gpus.capability[0]}.{gpus.capability[1]} has no bf16: float16 with loss scaling"
+            f"capability {gpus.capability[0]}.{gpus.capability[1]} has no bf16: the trainer takes fp32 steps "
+            "(no loss-scaled fp16 steps; no 4-bit base)"
         )
     if t.four_bit and r.load_in_4bit is None:
         notes.append("4-bit trainer base: a 16-bit one does not fit (vLLM still serves the 16-bit weights)")
@@ -366,8 +376,8 @@ def _plan(r: Request, layout: Layout, t: Trial) -> Plan:
         enable_sleep_mode=layout.placement == "shared",
         kv_cache_tokens=t.kv_tokens,
         max_seq_len=t.seq,
-        trainer_dtype="float16" if fp16 else "bfloat16",
-        loss_scaling=fp16,
+        trainer_dtype="float32" if fp32 else "bfloat16",
+        loss_scaling=False,
         load_in_4bit=t.four_bit,
         gradient_checkpointing=t.checkpointing,
         logprob_chunk_tokens=t.chunk,

@@ -49,14 +49,19 @@ def serve(
     connections: ConnectionLimits | None = None,
     trainer_options: ShardedTrainerOptions | None = None,
     inference_gpu_ids: list[int] | None = None,
-    replicas: int = 1,
+    replicas: int | None = None,
+    tensor_parallel_size: int | None = None,
+    max_seq_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
     bound every inference request, at this server and at the engine's gateway; `connections` the connections it
     holds and how long it waits for a slow client. SIGTERM ends it within a bounded time: connections still open
     after 10 s are closed, steps in flight get 120 s. `record` (a store URL: sqlite:///file.db or
-    postgresql://...): record mode, every `/v1` call stored, `POST /rewards/{id}` open."""
+    postgresql://...): record mode, every `/v1` call stored, `POST /rewards/{id}` open. On CUDA the engine and
+    trainer start from the memory plan (`art-adapters plan`); `inference_gpu_ids`, `replicas`,
+    `tensor_parallel_size`, `max_seq_len` and `gpu_memory_utilization` override its decisions."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
@@ -79,8 +84,15 @@ def serve(
         from ..inference import InferenceConfig
         from .local import LocalBackend
 
+        given = {
+            "gpu_ids": inference_gpu_ids or None,
+            "replicas": replicas,
+            "tensor_parallel_size": tensor_parallel_size,
+            "max_model_len": max_seq_len,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }  # only what was given counts as set: the plan decides the rest
         try:
-            inference = InferenceConfig(limits=limits, gpu_ids=inference_gpu_ids or None, replicas=replicas)
+            inference = InferenceConfig(limits=limits, **{k: v for k, v in given.items() if v is not None})
         except ValidationError as error:
             raise SystemExit(f"art-adapters serve: {error.errors()[0]['msg']}") from None
         backend = LocalBackend(
@@ -266,13 +278,36 @@ def serve_command(argv: list[str] | None = None) -> None:
         action="append",
         default=None,
         metavar="ID",
-        help="a GPU the inference engine uses (repeatable; one per replica)",
+        help="a GPU the inference engine uses (repeatable; replicas x tensor-parallel-size of them)",
     )
     parser.add_argument(
         "--replicas",
         type=int,
-        default=1,
-        help="engine replicas behind one server (vLLM data parallelism); each rollout sticks to one",
+        default=None,
+        help="engine replicas behind one server (vLLM data parallelism); each rollout sticks to one "
+        "(default: the memory plan's on CUDA, else 1)",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPUs per engine replica (replicas x N must equal the --inference-gpu ids; default: the plan's)",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="the longest sequence served and trained (vLLM's max_model_len, the trainer's max_seq_len; "
+        "default: the plan's on CUDA, 2048 on the CPU)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="vLLM's share of each inference GPU (default: the plan's)",
     )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
@@ -303,6 +338,9 @@ def serve_command(argv: list[str] | None = None) -> None:
         ),
         inference_gpu_ids=args.inference_gpu,
         replicas=args.replicas,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_seq_len=args.max_seq_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
 
 

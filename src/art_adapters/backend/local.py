@@ -16,10 +16,11 @@ from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
 from .serving import Registered, publish_step, required_lora_rank
-from .trainers import TrainerHost
+from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
+    from ..gpu_plan import Plan
     from ..inference import InferenceConfig, VLLMServer
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,12 @@ log = logging.getLogger(__name__)
 class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
     """Serves and trains models on this machine; files under `path` in ART's layout (`{project}/models/{name}`).
 
-    Placement on CUDA: `trainer_gpu_ids` and `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config`
-    `trainer_gpu_ids` / `inference_gpu_ids`) put the trainer and the engine on their own GPUs, so the engine
-    never sleeps during a step (the async pipeline's setting); sharing one GPU, the engine sleeps while a step
-    trains (requests in flight finish first). On the CPU both simply run.
+    Placement on CUDA: the memory plan (`gpu_plan.make_plan`) decides every setting left unset (GPUs, TP x
+    replicas, vLLM's share, the sequence length, the trainer's dtype and checkpointing). `trainer_gpu_ids` and
+    `InferenceConfig(gpu_ids=...)` (or ART's `_internal_config` `trainer_gpu_ids` / `inference_gpu_ids`) put the
+    trainer and the engine on their own GPUs, so the engine never sleeps (the async pipeline's setting); sharing
+    one GPU, ART's order: the engine sleeps while a step trains and the trainer waits on the CPU between steps.
+    On the CPU both simply run.
 
     Past one GPU: `trainer_processes=N` trains each step data-parallel on N processes with FSDP2
     (`training/sharded.py`; on a CUDA host GPUs 0..N-1 unless `trainer_gpu_ids` says otherwise, gloo on the CPU);
@@ -67,6 +70,13 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         self._servers: dict[Path, VLLMServer] = {}  # by resolved base-model folder
         self._owned: list[VLLMServer] = []  # the servers this backend started (and stops on close)
         self._models: dict[Path, Registered] = {}  # by model folder
+        self._base_plans: dict[
+            Path, Plan | None
+        ] = {}  # the memory plan each owned engine started from (CUDA)
+        self._model_plans: dict[Path, Plan | None] = {}  # by model folder: its engine's plan
+        self._model_max_len: dict[
+            Path, int
+        ] = {}  # by model folder: its engine's max_model_len (the trainer's too)
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
@@ -112,16 +122,23 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         )  # as ART: the model's own files (state.json) live beside the backend's
         async with self._lock:
             server = self._servers.get(base)
+            if server is None:
+                config = self._engine_config(base, model, rank)  # the plan, GPU ids and placement checked
             if server is not None and server.config.max_lora_rank < rank:
                 raise ValueError(
                     f"model {model.name!r} needs max_lora_rank >= {rank} (LoRA rank {model.lora.rank}"
                     f"{', lm_head as a full-rank delta' if model.lora.modules_to_save else ''}), but the server of "
                     f"{base.name} was started with max_lora_rank={server.config.max_lora_rank}"
                 )
+            self._model_plans[directory] = self._base_plans.get(base)
+            self._model_max_len[directory] = (config if server is None else server.config).max_model_len
+            try:
+                self.shares_cuda_gpu(model, config if server is None else server.config)  # placement checked
+            except BaseException:
+                self._model_plans.pop(directory, None)
+                raise
             if server is None:
-                server = VLLMServer(
-                    base, self._inference_config(model, rank), log_path=directory / "logs/vllm.log"
-                )
+                server = VLLMServer(base, config, log_path=directory / "logs/vllm.log")
                 self._servers[base] = server
                 self._owned.append(server)
             gateway = gateway_of(server, server.config.limits)  # the one door to this server
@@ -134,11 +151,13 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             if state is not None and state.server is server:  # registered again: same trainer, same step
                 state.model = model
             else:
-                # vLLM start-up (seconds to minutes) and the trainer's load overlap.
+                if (
+                    state is not None and state.trainer is not None
+                ):  # its old trainer goes before a new one loads
+                    async with state.lock:
+                        await self._drop_trainer(state)
                 try:
-                    _, trainer = await asyncio.gather(
-                        server.start(), asyncio.to_thread(self._load_trainer, model, directory)
-                    )
+                    trainer = await self._start(server, model, directory)
                 except BaseException:
                     if server in self._owned and not server.running:
                         self._owned.remove(server)
@@ -155,8 +174,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 )
                 try:
                     await publish_step(state, state.step)
-                except BaseException:  # a failed registration leaves no name behind
+                except BaseException:  # a failed registration leaves no name, and no trainer, behind
                     await gateway.forget(state.name)
+                    await self._drop_trainer(state)
                     raise
                 self._models[directory] = state
         return InferenceEndpoint(
@@ -193,9 +213,12 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             step = state.step
             started = time.perf_counter()
             yield {"event": "started", "step": step, "groups": len(groups)}
-            metrics = await self._run_trainer(state, lambda trainer: trainer.train_step(groups, config))
+            metrics = await self._run_trainer(
+                state,
+                lambda trainer: trainer.train_step(groups, config),
+                save=lambda done: "skipped_reason" in done,  # nothing trained: the last folder, renamed
+            )
             yield {"event": "trained", "step": step, "loss": metrics.get("loss")}
-            await self._save_and_serve(state, unchanged="skipped_reason" in metrics)
             metrics.update(rollout_metrics(groups))
             metrics["step_seconds"] = time.perf_counter() - started
             if record:
@@ -219,8 +242,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         async with state.lock:
             step = state.step
             started = time.perf_counter()
-            trainer = await self._live_trainer(state)
-            batches = list(trainer.sft_batches(list(trajectories), config))
+            from ..training.prepare import sft_batches
+
+            batches = list(sft_batches(list(trajectories), config))
             yield {
                 "event": "started",
                 "step": step,
@@ -229,16 +253,22 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             }
             losses: list[float] = []
             tokens = 0
-            for i, batch in enumerate(batches):
-                rate = config.rate(i, len(batches))
+            for i, batch in enumerate(batches or [None]):
+                last = (
+                    i == max(len(batches), 1) - 1
+                )  # the SFT run is one checkpoint, saved with the last batch
+                rate = config.rate(i, len(batches)) if batches else config.learning_rate
                 settings = config.model_copy(update={"learning_rate": rate})
-                part = await self._run_trainer(state, lambda t, b=batch, c=settings: t.sft_step(b, c))  # type: ignore[misc]
+                part = await self._run_trainer(
+                    state,
+                    lambda t, b=batch, c=settings, end=last: _sft_part(t, b, c, end),  # type: ignore[misc]
+                    save=(lambda done: False) if last else None,
+                )
+                if batch is None:
+                    break
                 losses.append(float(part.get("loss", 0.0)))
                 tokens += int(part.get("trained_tokens", 0))
                 yield {"event": "batch", "step": step, "batch": i + 1, "of": len(batches), "loss": losses[-1]}
-            assert state.trainer is not None
-            state.trainer.step += 1  # sft_step leaves the step counter alone; the SFT run is one checkpoint
-            await self._save_and_serve(state)
             metrics = {
                 "loss": sum(losses) / max(len(losses), 1),
                 "final_loss": losses[-1] if losses else 0.0,
@@ -338,6 +368,52 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             )
         return state
 
+    def _engine_config(self, base: Path, model: TrainableModel, rank: int) -> InferenceConfig:
+        """The engine's settings: on CUDA, the installed versions checked, the GPU ids checked against the GPUs
+        this process sees, and the memory plan's decision for each setting left unset (a plan that cannot fit
+        raises PlanError here, before anything loads); on the CPU, the settings as given."""
+        config = self._inference_config(model, rank)
+        devices = cuda_devices()
+        if devices == 0:
+            self._base_plans[base] = None
+            return config
+        from .placement import check_ids, make_engine_plan, placement_of, planned_config
+        from .stack import check_cuda_stack
+
+        check_cuda_stack()
+        given = self.trainer_gpu_ids or model.trainer_gpu_ids()
+        check_ids(given, config.gpu_ids, devices)
+        processes = self._trainer_processes(model)
+        trainer = given or (list(range(processes)) if processes > 1 else [])
+        plan = make_engine_plan(base, model, config, trainer)
+        self._base_plans[base] = plan
+        if plan is None:
+            return config
+        config = planned_config(config, plan)
+        check_ids(plan.trainer_gpu_ids, config.gpu_ids, devices)
+        trainer = given or list(plan.trainer_gpu_ids)
+        dedicated = placement_of(trainer, config.gpu_ids, plan.placement) == "dedicated"
+        if dedicated and "enable_sleep_mode" not in self._given_engine_fields():
+            config = config.model_copy(
+                update={"enable_sleep_mode": False}
+            )  # GPUs of its own: it never sleeps
+        log.info(
+            "memory plan for %s: %s, trainer GPUs %s, inference GPUs %s (TP %d x %d replicas, util %.2f), "
+            "max_seq_len %d",
+            base.name,
+            plan.placement,
+            plan.trainer_gpu_ids,
+            config.gpu_ids,
+            config.tensor_parallel_size,
+            config.replicas,
+            config.gpu_memory_utilization,
+            config.max_model_len,
+        )
+        return config
+
+    def _given_engine_fields(self) -> set[str]:
+        return set(self.inference.model_fields_set) if self.inference is not None else set()
+
     def _inference_config(self, model: TrainableModel, rank: int) -> InferenceConfig:
         from ..inference import InferenceConfig
 
@@ -354,3 +430,12 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
         return config
+
+
+def _sft_part(trainer: Any, batch: list[Trajectory] | None, config: SFTConfig, last: bool) -> dict[str, Any]:
+    """One SFT batch (None: an SFT run with no batches); the last advances the step counter (sft_step leaves it
+    alone) so the run saves as one new checkpoint."""
+    part = trainer.sft_step(batch, config) if batch is not None else {}
+    if last:
+        trainer.step += 1
+    return part

@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..model import Model, TrainableModel
+from .placement import placement_of, trainer_settings
 from .serving import Registered, publish_step, served_prompt_logprobs
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
+    from ..gpu_plan import Plan
+    from ..inference import InferenceConfig, VLLMServer
     from ..training.sharded import ShardedTrainer
     from ..training.trainer import Trainer
 
 log = logging.getLogger("art_adapters.backend.local")
+T = TypeVar("T")
 
 
 def trainer_gpus(processes: int, given: list[int], cuda_devices: int) -> list[int]:
@@ -74,18 +80,22 @@ class TrainerHost:
             steps = checkpoints.list_steps(state.directory)
             if not steps or steps[-1] == state.step:
                 return
-            if state.trainer is not None:
-                await asyncio.to_thread(state.trainer.close)
-            state.trainer = await asyncio.to_thread(self._load_trainer, state.model, state.directory)
-            state.step = state.trainer.step
+            await self._drop_trainer(state)  # closed (its memory freed) before the new one loads
+            state.step = steps[-1]
+            await self._run_trainer(state, lambda trainer: None)  # loads it, in the shared GPU's order
             await publish_step(state, state.step)
             log.info("model %s resumed from checkpoint %04d", state.name, state.step)
 
     # ------------------------------------------------------------------ for tests and checks
     async def trainer(self, model: TrainableModel) -> Trainer | ShardedTrainer:
-        """The model's trainer (loaded from its latest checkpoint when needed, or when the last one died)."""
+        """The model's trainer (loaded from its latest checkpoint when needed, or when the last one died). On a GPU
+        it shares with the engine it is offloaded to CPU between steps: run work on it through `_run_trainer`."""
         state = self._registered(model)
-        return await self._live_trainer(state)
+        async with state.lock:
+            if state.trainer is None or not getattr(state.trainer, "alive", True):
+                await self._run_trainer(state, lambda trainer: None)
+            assert state.trainer is not None
+            return state.trainer
 
     async def served_logprob_diff(
         self, model: TrainableModel, token_ids: list[int], step: int | None = None
@@ -93,26 +103,91 @@ class TrainerHost:
         """Max |vLLM logprob - trainer logprob| over `token_ids[1:]` for the adapter served as `name` (or
         `name@step`). Catches a hot-swap that silently left vLLM on another adapter (or the base model)."""
         state = self._registered(model)
-        trainer = await self.trainer(model)
         served = await served_prompt_logprobs(
             state.server, state.gateway.adapter_name(state.name, step), token_ids
         )
-        ours = await asyncio.to_thread(trainer.logprobs_of, token_ids)
+        async with state.lock:  # the engine sleeps while the trainer scores, on a shared GPU
+            ours = await self._run_trainer(state, lambda trainer: trainer.logprobs_of(token_ids))
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
     def dedicated(self, state: Registered) -> bool:
         """Whether the model's trainer and its engine have GPUs of their own (then the engine never sleeps)."""
-        trainer = set(self._trainer_gpus(state.model))
-        engine = set(state.server.config.gpu_ids or [])
-        return bool(trainer and engine and not trainer & engine)
+        plan = self._plan(state.model)
+        trainer = self._trainer_gpus(state.model)
+        return placement_of(trainer, state.server.config.gpu_ids, plan and plan.placement) == "dedicated"
+
+    def shares_cuda_gpu(self, model: TrainableModel, config: InferenceConfig) -> bool:
+        """Whether the model's trainer shares a CUDA GPU with the engine (then ART's order: the engine sleeps while
+        a step trains, the trainer waits on the CPU between steps). A ValueError for GPUs that partly overlap
+        (unless planned), and for a sharded trainer on the engine's GPUs (its processes cannot offload)."""
+        if cuda_devices() == 0:
+            return False
+        plan = self._plan(model)
+        trainer = self._trainer_gpus(model)
+        if placement_of(trainer, config.gpu_ids, plan and plan.placement) == "dedicated":
+            return False
+        if self._trainer_processes(model) > 1 or self.trainer_nodes > 1:
+            raise ValueError(
+                f"a sharded trainer (GPUs {trainer}) cannot share the inference GPUs {config.gpu_ids or 'default'}: "
+                "its processes cannot offload between steps; give the engine GPUs of its own (inference gpu_ids)"
+            )
+        return True
+
+    async def _start(
+        self, server: VLLMServer, model: TrainableModel, directory: Path
+    ) -> Trainer | ShardedTrainer:
+        """Start the engine (unless running) and load the model's trainer. On a CUDA GPU they share, ART's order:
+        the trainer loads first and is offloaded to CPU, then vLLM starts (its start-up measures free memory, so
+        the two never load at once); on a running engine the load happens while it sleeps. Elsewhere (CPU, or
+        GPUs of their own) the two overlap. A failure leaves no trainer loaded."""
+        loaded: list[Trainer | ShardedTrainer] = []
+
+        def load() -> Trainer | ShardedTrainer:
+            loaded.append(self._load_trainer(model, directory))
+            return loaded[0]
+
+        running = server.running
+        try:
+            if not self.shares_cuda_gpu(model, server.config):
+                loading = asyncio.ensure_future(asyncio.to_thread(load))
+                try:
+                    await server.start()
+                finally:  # the load is waited out either way (a trainer no one holds is never left loaded)
+                    await asyncio.gather(loading, return_exceptions=True)
+                return loading.result()
+            if running:
+                await server.sleep()
+                await asyncio.to_thread(release_memory)
+            try:
+                trainer = await _to_the_end(load)
+                await _to_the_end(functools.partial(_move, trainer, "offload"))
+            finally:
+                await asyncio.to_thread(release_memory)
+                if running:
+                    await server.wake_up()
+            if not running:
+                await server.start()
+            return trainer
+        except BaseException:
+            for trainer in loaded:
+                await asyncio.to_thread(trainer.close)
+            raise
 
     # ------------------------------------------------------------------ internals
+    def _plan(self, model: TrainableModel) -> Plan | None:
+        """The memory plan the model registered with (None on CPU, or with an engine given to `use_server`)."""
+        plans: dict[Path, Plan | None] = getattr(self, "_model_plans", {})
+        return plans.get(self.model_dir(model)) if plans else None
+
     def _trainer_processes(self, model: TrainableModel) -> int:
         given = self.trainer_gpu_ids or model.trainer_gpu_ids()
         return self.trainer_processes or max(len(given), 1)
 
     def _trainer_gpus(self, model: TrainableModel) -> list[int]:
         given = self.trainer_gpu_ids or model.trainer_gpu_ids()
+        if not given and self._trainer_processes(model) <= 1:
+            plan = self._plan(model)
+            given = list(plan.trainer_gpu_ids) if plan is not None else []
         return trainer_gpus(self._trainer_processes(model), given, cuda_devices())
 
     def _load_trainer(self, model: TrainableModel, directory: Path) -> Trainer | ShardedTrainer:
@@ -140,7 +215,13 @@ class TrainerHost:
         else:
             from ..training.trainer import Trainer
 
-            trainer = Trainer(model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None)
+            settings = trainer_settings(self._plan(model), Trainer)
+            engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
+            if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
+                settings["max_seq_len"] = engine_max_len
+            trainer = Trainer(
+                model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None, **settings
+            )
         try:
             steps = checkpoints.list_steps(directory)
             if steps:
@@ -158,32 +239,48 @@ class TrainerHost:
         return trainer
 
     async def _live_trainer(self, state: Registered) -> Trainer | ShardedTrainer:
-        """The model's trainer; a dead one (a sharded trainer whose process failed) is replaced from the last
-        checkpoint, which holds every step the backend has served."""
-        trainer = state.trainer
-        if trainer is not None and not getattr(trainer, "alive", True):
+        """The model's trainer; a dead one (a sharded trainer whose process failed) is closed first (its memory
+        freed), then replaced from the last checkpoint, which holds every step the backend has served. A load the
+        caller is cancelled during still lands in `state.trainer` (so it is offloaded or closed, never leaked)."""
+        if state.trainer is not None and not getattr(state.trainer, "alive", True):
             log.warning(
                 "model %s: the trainer died; replacing it from checkpoint %04d", state.name, state.step
             )
-            await asyncio.to_thread(trainer.close)
-            trainer = state.trainer = None
-        if trainer is None:
-            trainer = state.trainer = await asyncio.to_thread(
-                self._load_trainer, state.model, state.directory
-            )
+            await self._drop_trainer(state)
+        if state.trainer is None:
+
+            def load() -> Trainer | ShardedTrainer:
+                state.trainer = self._load_trainer(state.model, state.directory)
+                return state.trainer
+
+            trainer = await _to_the_end(load)
             if trainer.step != state.step:  # a save abandoned mid-way that completed: the disk is the truth
                 log.warning(
                     "model %s: the last checkpoint is %04d, not %04d", state.name, trainer.step, state.step
                 )
                 state.step = trainer.step
-        return trainer
+        assert state.trainer is not None
+        return state.trainer
 
-    async def _run_trainer(self, state: Registered, work: Any) -> dict[str, Any]:
-        """Run `work(trainer)` in a thread with vLLM asleep (CUDA); a failure after the update, or one that killed
-        the trainer, drops it (the next call loads the last checkpoint).
+    async def _drop_trainer(self, state: Registered) -> None:
+        """Close the model's trainer (its memory freed) and forget it: the next call loads the last checkpoint."""
+        trainer, state.trainer = state.trainer, None
+        if trainer is not None:
+            await asyncio.to_thread(trainer.close)
 
-        A caller cancelled mid-step (an async run ending on another stage's error) returns at once; the thread
-        finishes on its own, its update is dropped (no checkpoint holds it) and the next step reloads from disk."""
+    async def _run_trainer(
+        self, state: Registered, work: Callable[[Any], T], *, save: Callable[[T], bool] | None = None
+    ) -> T:
+        """Run `work(trainer)` in a thread; with `save`, then save the new step (`save(result)`: whether the
+        weights are unchanged, so the last checkpoint's folder is renamed) and serve it.
+
+        On a GPU shared with the engine, in ART's order: sleep the engine (level 1), free the allocator's cache,
+        reload the trainer onto the GPU (or load it, the old one closed first), work, save; then, whatever
+        happened, offload the trainer to CPU, free the cache, wake the engine, and only then load the adapter.
+        A failure after the update, or one that killed the trainer, drops it (the next call loads the last
+        checkpoint). A caller cancelled mid-step returns at once; the thread finishes on its own, its update is
+        dropped (no checkpoint holds it), its trainer closed, and then the engine wakes; the next step reloads
+        from disk."""
         if state.abandoned is not None:  # wait out an abandoned step: it still uses the trainer's weights
             await asyncio.gather(state.abandoned, return_exceptions=True)
             state.abandoned = None
@@ -195,27 +292,53 @@ class TrainerHost:
                 state.trainer.step,
                 state.step,
             )
-            trainer, state.trainer = state.trainer, None
-            await asyncio.to_thread(trainer.close)
-        trainer = await self._live_trainer(state)
-        before = trainer.step
-        dedicated = self.dedicated(state)
-        if not dedicated:
+            await self._drop_trainer(state)
+        shared = not self.dedicated(state)
+        saved: tuple[int, Path | None] | None = None
+        if shared:
             await state.server.sleep()
-        running = asyncio.ensure_future(asyncio.to_thread(work, trainer))
+            await asyncio.to_thread(release_memory)
         try:
-            return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            state.trainer, state.abandoned = None, asyncio.ensure_future(_drop(running, trainer))
-            raise
-        except BaseException:
-            if trainer.step != before or not getattr(trainer, "alive", True):
-                state.trainer = None  # the weights moved but no checkpoint holds them, or it died
-                await asyncio.to_thread(trainer.close)
-            raise
+            trainer = await self._live_trainer(state)
+            if shared:
+                await _to_the_end(functools.partial(_move, trainer, "reload"))
+            before = trainer.step
+            running = asyncio.ensure_future(asyncio.to_thread(work, trainer))
+            try:
+                result = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                state.trainer = None
+                state.abandoned = asyncio.ensure_future(
+                    _drop(running, trainer, state.server if shared else None)
+                )
+                raise
+            except BaseException:
+                if trainer.step != before or not getattr(trainer, "alive", True):
+                    # the weights moved but no checkpoint holds them, or it died
+                    await self._drop_trainer(state)
+                raise
+            if save is not None:
+                saved = await self._save(state, trainer, unchanged=save(result))
         finally:
-            if not dedicated:
-                await state.server.wake_up()
+            # (an abandoned step wakes the engine itself, once its thread has ended)
+            if shared and state.abandoned is None:
+                await self._release_and_wake(state)
+        if saved is not None:
+            await self._serve(state, *saved)
+        return result
+
+    async def _release_and_wake(self, state: Registered) -> None:
+        """After a step on a shared GPU: the trainer to CPU, the allocator's cache emptied, the engine woken (it
+        wakes even when the offload failed; that trainer is then closed)."""
+        try:
+            if state.trainer is not None:
+                await _to_the_end(functools.partial(_move, state.trainer, "offload"))
+        except Exception:
+            log.exception("model %s: offloading the trainer failed; closing it", state.name)
+            await self._drop_trainer(state)
+        finally:
+            await asyncio.to_thread(release_memory)
+            await state.server.wake_up()
 
     def rollouts_pause_during_steps(self, model: TrainableModel) -> bool:
         """Whether the engine sleeps while this model's steps train (trainer and engine share a CUDA GPU)."""
@@ -223,17 +346,17 @@ class TrainerHost:
         server = state.server
         return server.on_cuda and server.config.sleep_mode_enabled(True) and not self.dedicated(state)
 
-    async def _save_and_serve(self, state: Registered, *, unchanged: bool = False) -> None:
-        """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`), serve
-        it. A save that fails or whose caller is cancelled drops the trainer (its thread finishes on its own): the
-        next call reloads from the last complete checkpoint, and `state.step` follows what is on disk."""
+    async def _save(
+        self, state: Registered, trainer: Trainer | ShardedTrainer, *, unchanged: bool
+    ) -> tuple[int, Path | None]:
+        """Save the trainer's new step (the last checkpoint's folder, renamed, when the weights are `unchanged`);
+        returns the old step and the renamed folder (None: saved anew), for `_serve`. A save that fails or whose
+        caller is cancelled drops the trainer (its thread finishes on its own): the next call reloads from the
+        last complete checkpoint, and `state.step` follows what is on disk."""
         from .. import checkpoints
 
-        trainer = state.trainer
-        assert trainer is not None
         if trainer.step != state.step + 1:
-            state.trainer = None
-            await asyncio.to_thread(trainer.close)
+            await self._drop_trainer(state)
             raise RuntimeError(
                 f"trainer is at step {trainer.step}, expected {state.step + 1}; reload from disk"
             )
@@ -247,19 +370,61 @@ class TrainerHost:
         try:
             moved = await asyncio.shield(running)
         except asyncio.CancelledError:
-            state.trainer, state.abandoned = None, asyncio.ensure_future(_drop(running, trainer))
+            shared = not self.dedicated(state)
+            state.trainer = None
+            state.abandoned = asyncio.ensure_future(_drop(running, trainer, state.server if shared else None))
             raise
-        except BaseException:
-            state.trainer = None  # at a step no checkpoint may hold: the next call reloads from disk
-            await asyncio.to_thread(trainer.close)
+        except BaseException:  # at a step no checkpoint may hold: the next call reloads from disk
+            await self._drop_trainer(state)
             raise
         state.step = new
-        if move:
+        return old, moved if move else None
+
+    async def _serve(self, state: Registered, old: int, moved: Path | None) -> None:
+        """Serve the step just saved (the engine awake): a renamed folder keeps answering as the same weights."""
+        if moved is not None:
             await state.gateway.moved(state.name, old, moved)  # still served (same weights)
         await publish_step(state, state.step)
 
 
-async def _drop(running: asyncio.Future[Any], trainer: Trainer | ShardedTrainer) -> None:
-    """Let an abandoned step's thread finish, then release its trainer (its update is in no checkpoint)."""
+async def _drop(
+    running: asyncio.Future[Any], trainer: Trainer | ShardedTrainer, engine: VLLMServer | None
+) -> None:
+    """Let an abandoned step's thread finish, then release its trainer (its update is in no checkpoint) and, when
+    it shared the engine's GPU, wake the engine into the memory it freed."""
     await asyncio.gather(running, return_exceptions=True)
-    await asyncio.to_thread(trainer.close)
+    try:
+        await asyncio.to_thread(trainer.close)
+    finally:
+        if engine is not None:
+            await asyncio.to_thread(release_memory)
+            await engine.wake_up()
+
+
+async def _to_the_end(work: Callable[[], T]) -> T:
+    """`work()` in a thread, awaited to its end even when the caller is cancelled (re-raised after): a trainer
+    half moved between devices, or loaded with no one holding it, is never left behind."""
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.gather(running, return_exceptions=True)
+        raise
+
+
+def _move(trainer: Trainer | ShardedTrainer, way: str) -> None:
+    """`trainer.offload()` / `.reload()`; a sharded trainer, whose processes hold their own GPUs, has neither."""
+    method = getattr(trainer, way, None)
+    if method is not None:
+        method()
+
+
+def release_memory() -> None:
+    """Collect garbage and return the CUDA caching allocator's free blocks to the device (a no-op without CUDA):
+    what the engine's wake-up, or the trainer's reload, needs to find free."""
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.cuda.empty_cache()  # does nothing before CUDA is initialized

@@ -53,7 +53,9 @@ class InferenceConfig(BaseModel):
     max_loras: int = Field(4, gt=0)
     max_num_seqs: int | None = Field(None, gt=0, description="vLLM's --max-num-seqs (None: vLLM's default).")
     enforce_eager: bool = Field(False, description="vLLM's --enforce-eager (no CUDA graphs).")
-    gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="CUDA only.")
+    gpu_memory_utilization: float = Field(
+        0.8, gt=0, le=1, description="CUDA only (LocalBackend on CUDA: the memory plan's, unless set)."
+    )
     gpu_ids: list[int] | None = Field(
         None,
         description=(
@@ -67,14 +69,28 @@ class InferenceConfig(BaseModel):
         description=(
             "Engine replicas behind one OpenAI server: vLLM's own data parallelism (--data-parallel-size), its "
             "load balancer spreading requests; an adapter loaded once is served by every replica. On CUDA give "
-            "as many gpu_ids (one replica each)."
+            "replicas x tensor_parallel_size gpu_ids."
+        ),
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description=(
+            "GPUs per replica (vLLM's --tensor-parallel-size); replicas x tensor_parallel_size must equal the "
+            "gpu_ids given. Unset with gpu_ids: the GPUs divided among the replicas."
         ),
     )
     remote_engines: list[RemoteEngine] = Field(
         default_factory=list,
         description="vLLM servers on other hosts serving the same models; the gateway routes each rollout to one.",
     )
-    enable_sleep_mode: bool | None = Field(None, description="CUDA only; None → True on CUDA, False on CPU.")
+    enable_sleep_mode: bool | None = Field(
+        None,
+        description=(
+            "CUDA only; None → True on CUDA, False on CPU (LocalBackend on CUDA: on only when the plan shares a "
+            "GPU between trainer and engine)."
+        ),
+    )
     logprobs_mode: LogprobsMode = Field(
         "processed_logprobs",
         description="processed_* = after temperature/top-p etc., i.e. the sampling distribution.",
@@ -99,10 +115,21 @@ class InferenceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _replicas_fit_gpus(self) -> InferenceConfig:
-        if self.gpu_ids is not None and self.replicas > 1 and len(self.gpu_ids) % self.replicas:
+        if not self.gpu_ids:
+            return self
+        if len(set(self.gpu_ids)) != len(self.gpu_ids) or min(self.gpu_ids) < 0:
+            raise ValueError(f"gpu_ids must be distinct GPU ids (0 and up), not {self.gpu_ids}")
+        if "tensor_parallel_size" not in self.model_fields_set:
+            if len(self.gpu_ids) % self.replicas:
+                raise ValueError(
+                    f"replicas={self.replicas} needs a multiple of {self.replicas} gpu_ids (one replica per GPU, "
+                    f"or the same number each), not {self.gpu_ids}"
+                )
+            self.__dict__["tensor_parallel_size"] = len(self.gpu_ids) // self.replicas  # stays "unset"
+        elif self.replicas * self.tensor_parallel_size != len(self.gpu_ids):
             raise ValueError(
-                f"replicas={self.replicas} needs a multiple of {self.replicas} gpu_ids (one replica per GPU, or "
-                f"the same number each), not {self.gpu_ids}"
+                f"replicas={self.replicas} x tensor_parallel_size={self.tensor_parallel_size} needs "
+                f"{self.replicas * self.tensor_parallel_size} gpu_ids, not {len(self.gpu_ids)} ({self.gpu_ids})"
             )
         return self
 

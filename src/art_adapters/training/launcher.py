@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import LoRAConfig
+from ..devices import child_visible_devices
 from .rendezvous import TOKEN_ENV
 
 WORKER_MODULE = "art_adapters.training.worker"
@@ -169,8 +170,8 @@ def host_env(single_host: bool, token: str, gpu_ids: list[int] | None) -> dict[s
     heaps keep FSDP2's freed all-gather buffers (measured: +250 MiB of RSS per process over one step of a 200 MB
     model, and ~70 MiB more or less from run to run with the heaps of gloo's threads)."""
     env = {**os.environ, TOKEN_ENV: token}
-    if gpu_ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    if gpu_ids:  # this process's logical ids, as the ranks must see them
+        env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(gpu_ids)
     else:
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
         env.setdefault("MALLOC_ARENA_MAX", "1")

@@ -27,10 +27,13 @@ def quiet_import_notes() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
+def quiet_loading(*, unsloth: bool = False) -> Iterator[None]:
     """No transformers progress bars ("Loading weights", "Writing model shards") and no import-time kernel notes
-    inside; every level restored after."""
+    inside; every level restored after. `unsloth`: the loading inside uses Unsloth, which must be imported before
+    transformers (it patches it; imported after, it warns and may run slower), so it is imported first here."""
     with quiet_import_notes():
+        if unsloth:
+            _import_unsloth_first()
         from transformers.utils import logging as hf_logging
 
         enabled = hf_logging.is_progress_bar_enabled()
@@ -40,3 +43,15 @@ def quiet_loading() -> Iterator[None]:
         finally:
             if enabled:
                 hf_logging.enable_progress_bar()
+
+
+def _import_unsloth_first() -> None:
+    """Import Unsloth before transformers is (ImportError is left to the loader, which reports it)."""
+    import sys
+
+    if "unsloth" in sys.modules:
+        return
+    from ..devices import noting_import_settings
+
+    with noting_import_settings(), contextlib.suppress(ImportError):
+        import unsloth  # noqa: F401

@@ -72,10 +72,7 @@ class Trainer:
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if dtype is None:
-            cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-            dtype = torch.bfloat16 if cuda_bf16 else torch.float32
-        self.dtype = dtype
+        self.dtype = loading.trainer_dtype(self.device, dtype)
         self.seed = seed
         self.max_seq_len = max_seq_len
         self.gradient_checkpointing = gradient_checkpointing
@@ -113,7 +110,7 @@ class Trainer:
                 )
         elif wanted == "unsloth":
             try:
-                with quiet_loading():
+                with quiet_loading(unsloth=True):
                     self.model, self.tokenizer = loading.load_unsloth(
                         self.base_model,
                         self.lora,
@@ -121,6 +118,7 @@ class Trainer:
                         max_seq_len,
                         gradient_checkpointing,
                         seed,
+                        device=self.device,
                         load_in_4bit=load_in_4bit,
                     )
             except Exception as error:  # ImportError, or Unsloth refusing this model/device
@@ -368,8 +366,46 @@ class Trainer:
     def sft_batches(self, trajectories: list[Trajectory], config: SFTConfig) -> Iterator[list[Trajectory]]:
         return sft_batches(trajectories, config)
 
+    def offload(self) -> None:
+        """Move the weights, buffers and optimizer state to CPU (pinned), so an engine sharing this GPU can wake
+        into its memory; `reload()` brings them back. Parameters keep their identity (the optimizer's keys). A
+        no-op off CUDA, for a sharded trainer's process, or when already offloaded."""
+        if self.device.type != "cuda" or self.parallel is not None or getattr(self, "offloaded", False):
+            return
+        self._move_state(torch.device("cpu"))
+        self.offloaded = True
+
+    def reload(self) -> None:
+        """Back onto `self.device` after `offload()` (a no-op when not offloaded)."""
+        if not getattr(self, "offloaded", False):
+            return
+        self._move_state(self.device)
+        self.offloaded = False
+
     def close(self) -> None:
-        """Nothing to release in one process (a ShardedTrainer stops its processes)."""
+        """Release the model and optimizer: references dropped, garbage collected, and on CUDA the allocator's
+        cache emptied, so the memory is free before anything else loads (a ShardedTrainer stops its processes).
+        The trainer is unusable after it; `step` stays readable."""
+        import gc
+
+        for name in ("model", "optimizer", "params", "scorer", "tokenizer"):
+            self.__dict__.pop(name, None)
+        self.closed = True
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _move_state(self, device: torch.device) -> None:
+        pin = device.type == "cpu" and torch.cuda.is_available()
+        with torch.no_grad():
+            for tensor in [*self.model.parameters(), *self.model.buffers()]:
+                tensor.data = _moved(tensor.data, device, pin)
+                if tensor.grad is not None:
+                    tensor.grad = None
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        state[key] = _moved(value, device, pin)
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -488,6 +524,14 @@ class Trainer:
 def _check_count(name: str, value: object, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
+
+
+def _moved(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+    if tensor.device == device:
+        return tensor
+    if pin:  # pinned host memory: the copy back to the GPU runs at full bus speed
+        return torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor)
+    return tensor.to(device)
 
 
 def _check_ids(token_ids: list[int], vocab_size: int) -> None:
