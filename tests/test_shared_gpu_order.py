@@ -303,7 +303,7 @@ async def test_registration_overlaps_the_loads_on_the_cpu_and_on_gpus_of_their_o
 
 
 def test_a_trainer_moves_its_state_and_close_frees_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from art_adapters.training import trainer as trainer_module
+    from art_adapters.training import trainer_parts as trainer_module
     from art_adapters.training.trainer import Trainer
 
     trainer = Trainer(tiny_model_path(), art.LoRAConfig(rank=4), engine="peft")

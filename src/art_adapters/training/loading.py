@@ -38,7 +38,7 @@ def trainer_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtyp
     """The trainer's weight dtype: bf16 on an Ampere or newer GPU, fp32 elsewhere (CPU, and pre-Ampere GPUs, whose
     bf16 is emulated and which Unsloth would silently switch to fp16). Half precision on a pre-Ampere GPU is
     refused: this trainer takes no loss-scaled fp16 steps, and unscaled fp16 gradients underflow."""
-    if device.type != "cuda":
+    if device.type != "cuda" or dtype == torch.float32:  # fp32 runs anywhere
         return dtype or torch.float32
     major, minor = torch.cuda.get_device_capability(device)
     ampere = major >= 8
