@@ -190,8 +190,11 @@ class Trainer:
                 group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
             guard = StepGuard(self.params, config.max_token_drop)
             guard.before_update()
+            measure = config.max_token_drop is not None or config.measure_token_drop
+            if measure and self._has_dropout():  # the training forward's logprobs carry dropout's noise
+                self._measured = [(b, pad, self._eval_logprobs(b)) for b, pad, _ in self._measured]
             self.optimizer.step()
-            if config.max_token_drop is not None or config.measure_token_drop:
+            if measure:
                 metrics.update(guard.after_update(self._measured_token_drop))
             metrics["grad_norm"] = float(grad_norm)
             metrics["learning_rate"] = config.learning_rate
@@ -444,13 +447,25 @@ class Trainer:
         """
         drop = 0.0
         for batch, padding, before in self._measured:
-            targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
-            after = self._token_logprobs(
-                [s.input_ids for s in batch], targets, [s.temperature for s in batch]
-            )
+            after = self._eval_logprobs(batch)
             if not padding:
                 drop = max(drop, token_drop(before, after))
         return self._maxed(drop)
+
+    def _has_dropout(self) -> bool:
+        """Whether a training forward is noisy (LoRA's or the model's dropout): then the guard measures in eval."""
+        return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+
+    @torch.no_grad()
+    def _eval_logprobs(self, batch: list[TrainSequence]) -> torch.Tensor:
+        """The trained tokens' logprobs with dropout off (eval mode, restored after)."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
+            return self._token_logprobs([s.input_ids for s in batch], targets, [s.temperature for s in batch])
+        finally:
+            self.model.train(training)
 
     def _maxed(self, value: float) -> float:
         """The value's maximum over every process."""
