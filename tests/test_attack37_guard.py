@@ -39,3 +39,23 @@ def test_lora_dropout_is_not_measured_as_a_drop() -> None:
     assert real < 1e-5  # a step of lr 1e-9 moves nothing
     assert metrics["guarded"] == 0.0 and metrics["step_scale"] == 1.0
     assert metrics["max_token_drop"] == pytest.approx(real, abs=1e-5)
+
+
+def test_an_update_that_made_probabilities_nan_is_reverted_by_the_guard() -> None:
+    """An update that overflowed (NaN weights, so NaN probabilities) has an unbounded drop: the guard, on, goes back
+    to the pre-step weights instead of scaling by delta / NaN, which made every weight NaN."""
+    from art_adapters.training.step_guard import StepGuard
+
+    theta = torch.tensor([0.5, -1.0])
+    guard = StepGuard([theta], max_drop=0.1)
+    guard.before_update()
+    theta.copy_(torch.tensor([float("nan"), 2.0]))
+
+    def measure() -> float:
+        before = torch.tensor([0.6]).log()
+        return token_drop(before, torch.sigmoid(theta[:1]).log())
+
+    assert measure() == float("inf")
+    metrics = guard.after_update(measure)
+    assert torch.equal(theta, torch.tensor([0.5, -1.0]))
+    assert metrics["guarded"] == 1.0 and metrics["step_scale"] == 0.0 and metrics["max_token_drop"] <= 0.1
