@@ -167,6 +167,17 @@ class TrainConfig(BaseModel):
         return None
 
     @model_validator(mode="after")
+    def _sign_aware_cap(self) -> TrainConfig:
+        """The sign-aware weight never discounts a positive-advantage token (clamp(rho, 1, C)): a cap below 1
+        would, so the pair is refused."""
+        if self.behaviour_weight == "sign_aware" and self.truncated_importance_sampling < 1:
+            raise ValueError(
+                "behaviour_weight='sign_aware' keeps a positive-advantage token's weight at least 1, so its cap "
+                f"truncated_importance_sampling (off_policy_cap) must be >= 1, not {self.truncated_importance_sampling}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_train_on(self) -> TrainConfig:
         for key, names in (self.train_on or {}).items():
             if not names or not all(isinstance(n, str) and n for n in names):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
@@ -45,6 +46,15 @@ def reward_missing(trajectory: Trajectory) -> bool:
     `metadata["reward_missing"] = True`, its `reward` a 0.0 placeholder. Groupings and the trainer skip and count
     it; assigning `trajectory.reward` gives it one (the flag goes)."""
     return trajectory.metadata.get(REWARD_MISSING) is True
+
+
+def check_missing_reward(value: object) -> None:
+    """An importer's `missing_reward=`: None (flag the trajectory `reward_missing`) or a finite number; anything
+    else (NaN, an infinity, a string) is refused before anything is read."""
+    if value is not None and not (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ):
+        raise ValueError(f"missing_reward is a finite number or None, not {value!r}")
 
 
 class Trajectory(BaseModel):

@@ -30,5 +30,17 @@ def open_store(url: str | Path) -> TrajectoryStore:
     if text.startswith("sqlite:///"):  # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db
         text = text[len("sqlite:///") :]
     if "://" in text:
-        raise ValueError(f"a store URL is sqlite:///PATH or postgresql://..., not {str(url)!r}")
+        raise ValueError(
+            f"a store URL is sqlite:///PATH or postgresql://..., not {_without_password(str(url))!r}"
+        )
     return SQLiteStore(text)
+
+
+def _without_password(url: str) -> str:
+    """The URL with its password (if any) shown as ***: an error message goes to logs, the password must not."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    if not at or ":" not in user:
+        return url
+    return f"{scheme}{sep}{user.partition(':')[0]}:***@{host}{slash}{path}"

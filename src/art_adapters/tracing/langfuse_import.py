@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..redaction import Redactor, apply, drop_secrets
-from ..trajectories import LLMCall, Trajectory, reward_missing
+from ..trajectories import LLMCall, Trajectory, check_missing_reward, reward_missing
 from ._foreign import (
     Rewarder,
     RewardFn,
@@ -107,6 +107,7 @@ def import_trajectories(
     Authorization headers dropped; None keeps everything). Keys and URL fall back to LANGFUSE_PUBLIC_KEY,
     LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL / LANGFUSE_HOST; `client` may be a ready `langfuse.Langfuse`.
     """
+    check_missing_reward(missing_reward)
     if not 1 <= page_size <= 100:
         raise ValueError(f"page_size is 1..100 (Langfuse's score API pages at most 100), not {page_size}")
     if client is None:
@@ -356,6 +357,8 @@ def _rewarded(
             stats.skipped_by_score += 1
             return False
     reward = rewarder(numbers)
+    if reward is not None and not math.isfinite(reward):  # NaN or infinity is no reward (as read_otlp has it)
+        reward = None
     own = trajectory.metadata.get("trace_source") == "art_adapters"
     if reward is None and own and math.isfinite(trajectory.reward) and not reward_missing(trajectory):
         return True  # its recorded reward (one recorded as missing is no reward: below)

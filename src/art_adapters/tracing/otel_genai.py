@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..redaction import Redactor, apply, drop_secrets
-from ..trajectories import REWARD_MISSING, LLMCall, Message, Trajectory
+from ..trajectories import REWARD_MISSING, LLMCall, Message, Trajectory, check_missing_reward
 from ._foreign import (
     Rewarder,
     RewardFn,
@@ -175,6 +175,7 @@ def trajectories_from_spans(
     grouping and the trainer skip and count (`art_adapters.trajectories.reward_missing`). A trace whose calls carry
     no message at all (content capture off, or its log events never came) is skipped; `stats` counts
     `no_messages` and `no_reward` (flagged) when given."""
+    check_missing_reward(missing_reward)
     traces: dict[str, list[Span]] = {}
     for span in spans:
         traces.setdefault(span["trace_id"], []).append(span)
@@ -267,6 +268,7 @@ def read_otlp(
 ) -> list[Trajectory]:
     """Trajectories of OTLP/JSON trace files (an export request per file, or per line); see
     `trajectories_from_spans` for the reward, `missing_reward` and `stats`."""
+    check_missing_reward(missing_reward)
     files = [paths] if isinstance(paths, str | Path) else list(paths)
     return trajectories_from_spans(
         read_files(files), reward=reward, missing_reward=missing_reward, redact=redact, stats=stats

@@ -90,13 +90,16 @@ def _logs_of(data: Any, ids: str) -> list[LogEvent]:
                 if not isinstance(record, dict):
                     raise OTLPError("every OTLP log record is an object")
                 attributes = attributes_of(record.get("attributes"))
+                name = record.get("eventName") or attributes.get("event.name") or ""
+                if not isinstance(name, str):
+                    raise OTLPError(f"an OTLP log record's event name is a string, not {type(name).__name__}")
                 body = value_of(record.get("body"))
                 fields = body if isinstance(body, dict) else ({} if body is None else {"content": body})
                 out.append(
                     {
                         "trace_id": _hex(record.get("traceId") or "", ids),
                         "span_id": _hex(record.get("spanId") or "", ids),
-                        "name": record.get("eventName") or attributes.get("event.name") or "",
+                        "name": name,
                         "time_ns": int(record.get("timeUnixNano") or record.get("observedTimeUnixNano") or 0),
                         "attributes": {**attributes, **fields},
                     }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import threading
 import time
@@ -48,12 +49,15 @@ log = logging.getLogger(__name__)
 
 
 class _Trace:
-    __slots__ = ("logs", "rooted", "seen", "spans")
+    __slots__ = ("log_keys", "logs", "rooted", "seen", "spans")
 
     def __init__(self, seen: float) -> None:
         self.seen = seen  # when its last span or log arrived (monotonic)
         self.spans: dict[str, Span] = {}  # span id -> span (a repeated id is the same span)
         self.logs: list[LogEvent] = []  # log events of its spans, in arrival order
+        self.log_keys: set[str] = (
+            set()
+        )  # the timestamped ones already held (an exporter's retry sends them again)
         self.rooted: float | None = None  # when its root came, while it waits for its calls' log events
 
     def joined(self) -> list[Span]:
@@ -75,6 +79,15 @@ class _Trace:
                 if not call.request.get("messages") or (call.response is None and call.error is None):
                     return False  # (a failed call has no answer to wait for)
         return True
+
+
+def _log_key(event: LogEvent) -> str | None:
+    """What makes a log event the same one sent again (None for one without a timestamp: never deduplicated)."""
+    if not event["time_ns"]:
+        return None
+    return json.dumps(
+        [event["span_id"], event["name"], event["time_ns"], event["attributes"]], sort_keys=True, default=repr
+    )
 
 
 class OTLPEndpoint:
@@ -141,6 +154,9 @@ class OTLPEndpoint:
         self.late_spans = 0  # spans of a trace already completed (a retried batch, a span after the timeout)
         self.overflow_spans = 0  # spans past `max_spans_per_trace`
         self.late_logs = 0  # log events of a trace already completed
+        self.duplicate_logs = (
+            0  # log events its pending trace already held (same span, name, time and content)
+        )
         self.overflow_logs = 0  # log events past `max_spans_per_trace` in one trace
         self.unlinked_logs = 0  # log records with no trace or span id (not written inside a span)
         self.unmatched_logs = 0  # log events whose span never came with their trace
@@ -226,9 +242,14 @@ class OTLPEndpoint:
                 trace = self._pending.pop(trace_id, None) or _Trace(now)
                 trace.seen = now
                 self._pending[trace_id] = trace
-                if len(trace.logs) >= self.max_spans_per_trace:
+                key = _log_key(event)
+                if key is not None and key in trace.log_keys:
+                    self.duplicate_logs += 1
+                elif len(trace.logs) >= self.max_spans_per_trace:
                     self.overflow_logs += 1
                 else:
+                    if key is not None:
+                        trace.log_keys.add(key)
                     trace.logs.append(event)
                     self._held += 1
             ready = self._settle({e["trace_id"] for e in events}, now)

@@ -9,6 +9,7 @@ The update is a line from theta_pre, so a small enough s always fits; three trie
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -20,7 +21,8 @@ def token_drop(before: torch.Tensor, after: torch.Tensor) -> float:
     """max(p_before - p_after) over tokens (logprobs in, 0.0 for none or when no token fell)."""
     if before.numel() == 0:
         return 0.0
-    return max(float((before.exp() - after.exp()).max()), 0.0)
+    fall = float((before.exp() - after.exp()).max())
+    return math.inf if math.isnan(fall) else max(fall, 0.0)  # a NaN probability after the update: unbounded
 
 
 class StepGuard:
@@ -46,10 +48,12 @@ class StepGuard:
             self.kept = None
             return metrics
         updates = [p.detach() - kept for p, kept in zip(self.params, self.kept, strict=True)]
-        scale = self.max_drop / drop
+        scale = (
+            self.max_drop / drop if math.isfinite(drop) else 0.0
+        )  # a NaN or infinite drop: back to theta_pre
         for _ in range(MAX_TRIES):
             for p, kept, update in zip(self.params, self.kept, updates, strict=True):
-                p.copy_(kept + scale * update)
+                p.copy_(kept + scale * update if scale else kept)  # (0 * NaN is NaN)
             drop = measure()
             if drop <= self.max_drop:
                 break

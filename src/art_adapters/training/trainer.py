@@ -189,8 +189,11 @@ class Trainer(TrainerParts):
                 group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
             guard = StepGuard(self.params, config.max_token_drop)
             guard.before_update()
+            measure = config.max_token_drop is not None or config.measure_token_drop
+            if measure and self._has_dropout():  # the training forward's logprobs carry dropout's noise
+                self._measured = [(b, pad, self._eval_logprobs(b)) for b, pad, _ in self._measured]
             self.optimizer.step()
-            if config.max_token_drop is not None or config.measure_token_drop:
+            if measure:
                 metrics.update(guard.after_update(self._measured_token_drop))
             metrics["grad_norm"] = float(grad_norm)
             metrics["learning_rate"] = config.learning_rate

@@ -129,13 +129,25 @@ class TrainerParts:
         """
         drop = 0.0
         for batch, padding, before in self._measured:
-            targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
-            after = self._token_logprobs(
-                [s.input_ids for s in batch], targets, [s.temperature for s in batch]
-            )
+            after = self._eval_logprobs(batch)
             if not padding:
                 drop = max(drop, token_drop(before, after))
         return self._maxed(drop)
+
+    def _has_dropout(self) -> bool:
+        """Whether a training forward is noisy (LoRA's or the model's dropout): then the guard measures in eval."""
+        return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+
+    @torch.no_grad()
+    def _eval_logprobs(self, batch: list[TrainSequence]) -> torch.Tensor:
+        """The trained tokens' logprobs with dropout off (eval mode, restored after)."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            targets = [[t for t, m in enumerate(s.trained_mask) if m] for s in batch]
+            return self._token_logprobs([s.input_ids for s in batch], targets, [s.temperature for s in batch])
+        finally:
+            self.model.train(training)
 
     def _maxed(self, value: float) -> float:
         """The value's maximum over every process."""

@@ -25,11 +25,11 @@ def span_versions(spans: Any, tokens: int) -> list[int | None] | None:
     for span in spans:
         try:
             version, start, end = (
-                int(span["policy_version"]),
-                int(span["start_token"]),
-                int(span["end_token"]),
+                _integer(span["policy_version"]),
+                _integer(span["start_token"]),
+                _integer(span["end_token"]),
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(
                 f"a policy_token_spans entry needs integer policy_version, start_token and end_token: {span!r}"
             ) from error
@@ -40,6 +40,15 @@ def span_versions(spans: Any, tokens: int) -> list[int | None] | None:
         for position in range(start, min(end, tokens)):
             versions[position] = version
     return versions
+
+
+def _integer(value: Any) -> int:
+    """An integer as JSON may carry it (3 or 3.0); a bool, a fraction, a string or an infinity is refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{value!r} is not an integer")
+    return int(value)
 
 
 def check_not_future(
