@@ -38,7 +38,13 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[dict[str, Any]]:
     """Every mode once, from the same warm start and on the same rollout seeds."""
     import art_adapters as art
-    from art_adapters.demo import SCENARIOS, evaluate, scenario_groups, train_demo_async, warm_start_examples
+    from art_adapters.demo.tool_choice import (
+        SCENARIOS,
+        evaluate,
+        scenario_groups,
+        train_demo_async,
+        warm_start_examples,
+    )
     from art_adapters.tiny import tiny_model_path
 
     lora = art.LoRAConfig(rank=16, alpha=32)
