@@ -111,3 +111,44 @@ def test_the_demos_report_shows_the_agents_tool_calls_in_a_browser(demo_run) -> 
     result = next(m for m in messages if m.get("role") == "tool")["content"]
     assert result in text  # ... and the database's result, as the agent's ToolNode returned it
     assert f"reward {shown['reward']:g}" in text or str(shown["reward"]) in text
+
+
+def test_getting_started_shows_the_agent_module_as_it_is() -> None:
+    """The tutorial's copy of the agent is the file the demo trains (docs/getting-started.md stays true)."""
+    spec = importlib.util.find_spec("art_adapters.demo.agent")
+    assert spec is not None and spec.origin is not None
+    page = (Path(__file__).parents[1] / "docs" / "getting-started.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", page, flags=re.MULTILINE | re.DOTALL)
+    agent = Path(spec.origin).read_text()
+    assert agent in blocks, (
+        "docs/getting-started.md: the agent block differs from src/art_adapters/demo/agent.py"
+    )
+
+
+def test_where_to_look_names_the_report_and_langfuse_only_when_set(monkeypatch, tmp_path: Path) -> None:
+    """Langfuse is off unless LANGFUSE_* is set; when set, the demo's rollouts go there as traces (a real local
+    stand-in for Langfuse's API, through the real SDK) and the last lines say where."""
+    pytest.importorskip("langfuse")
+    from art_adapters.demo.run import langfuse_exporter, where_to_look
+    from art_adapters.testing.langfuse_api import LangfuseAPIServer
+    from art_adapters.trajectories import Trajectory, TrajectoryGroup
+
+    for name in ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    report = tmp_path / "report.html"
+    assert langfuse_exporter() is None
+    lines = where_to_look(report, None)
+    assert lines[0].startswith(f"report: {report}") and lines[1].startswith("Langfuse: off (set LANGFUSE_")
+    with LangfuseAPIServer(public_key="pk", secret_key="sk") as server:
+        monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk")
+        monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk")
+        monkeypatch.setenv("LANGFUSE_BASE_URL", server.base_url)
+        exporter = langfuse_exporter()
+        assert exporter is not None and exporter.client is not None
+        question = {"role": "user", "content": "Who placed order 11?"}
+        exporter.after_each(TrajectoryGroup([Trajectory(messages_and_choices=[question], reward=1.0)]))
+        exporter.close(timeout_s=20.0)
+        assert server.wait_for(traces=1)
+        assert where_to_look(report, exporter)[1] == (
+            f"Langfuse: 1 traces in {server.base_url}, session {exporter.session_id}"
+        )

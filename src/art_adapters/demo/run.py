@@ -131,7 +131,9 @@ async def run_demo(
         base_model=str(tiny_model_path(family)),
         lora=LoRAConfig(rank=lora_rank, alpha=2 * lora_rank),
     )
-    backend = LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=lora_rank))
+    # a loaded machine starts vLLM slowly (over 5 minutes at load 9 on 2 cores): wait rather than fail
+    inference = InferenceConfig(max_model_len=1024, max_lora_rank=lora_rank, startup_timeout_s=900.0)
+    backend = LocalBackend(root, inference=inference)
     model_dir = backend.model_dir(model)
     shutil.rmtree(model_dir, ignore_errors=True)  # every run trains from step 0
     db_path = build_database(model_dir / "shop.sqlite", seed=seed)  # the SQLite environment's shop
@@ -197,7 +199,9 @@ async def run_demo(
 
         since = time.perf_counter()
         if async_mode:
-            await train_async_steps(model, backend, config, steps, group_size, seed, rollout, asked, show)
+            await train_async_steps(
+                model, backend, config, steps, group_size, seed, rollout, asked, show, exporter
+            )
         else:
             for _ in range(steps):
                 t0 = time.perf_counter()
@@ -250,8 +254,10 @@ async def train_async_steps(
     rollout: Any,
     asked: list[Question],
     show: Any,
+    exporter: Any = None,
 ) -> list[Any]:
-    """The sync loop's groups (the same seeds, question after question), rolled out while the trainer steps."""
+    """The sync loop's groups (the same seeds, question after question), rolled out while the trainer steps;
+    each group goes to Langfuse (when on) under the step the model was at when it finished."""
 
     def scenarios() -> Any:
         for k in range(10**9):
@@ -261,7 +267,11 @@ async def train_async_steps(
     async def rollout_group(model: TrainableModel, scenario: tuple[Question, int]) -> TrajectoryGroup:
         question, first_seed = scenario
         group = TrajectoryGroup(rollout(question, first_seed + 2 * i) for i in range(group_size))
-        return (await gather_trajectory_groups([group], pbar_desc=None))[0]
+        done = (await gather_trajectory_groups([group], pbar_desc=None))[0]
+        if exporter is not None:
+            exporter.step, exporter.split = await model.get_step(), "train"
+            exporter.after_each(done)
+        return done
 
     return await pipeline_steps(model, backend, config, steps, len(asked), scenarios(), rollout_group, show)
 
