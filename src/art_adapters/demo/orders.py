@@ -1,5 +1,5 @@
 """The demo's task: questions about orders in the shop database, each answered by one of the agent's four tools with
-the order's id from the question; the reward compares the tool's result with the database's own answer."""
+the order's number from the question; the reward compares the tool's result with the database's own answer."""
 
 from __future__ import annotations
 
@@ -20,16 +20,18 @@ ANSWER_SQL = {
     "ORDER BY p.id",
     "result": "SELECT status FROM orders WHERE id = ?",
 }
-# Two phrasings per tool; `{id}` is the order's number, the argument the agent must take from the question.
+# Every question asks when an order was placed, so one tool of the four answers it: `day`, with the order's number
+# from the question. (A task of two questions per tool, four tools, did not learn in minutes at this size: success
+# 0.09 at step 0 and 0.09-0.17 over the next 11 steps; docs/getting-started.md.)
 TEMPLATES = [
     ("When was order {id} placed?", "day"),
     ("What day did order {id} come in?", "day"),
-    ("Who placed order {id}?", "name"),
-    ("Which customer bought order {id}?", "name"),
-    ("What is in order {id}?", "object"),
-    ("Which products are in order {id}?", "object"),
-    ("What is the status of order {id}?", "result"),
-    ("Has order {id} been delivered?", "result"),
+    ("When did I place order {id}?", "day"),
+    ("What date is on order {id}?", "day"),
+    ("Since when is order {id} open?", "day"),
+    ("When was order {id} made?", "day"),
+    ("On which day was order {id} placed?", "day"),
+    ("Date of order {id}?", "day"),
 ]
 REPLY = "Here is what I found."  # the warm start's closing reply (the reward reads the tool's result)
 
@@ -53,23 +55,14 @@ def database_answer(db_path: str | Path, tool: str, order_id: int) -> str:
 
 
 def questions(db_path: str | Path, seed: int = 0) -> list[Question]:
-    """One question per template, each about its own order. A status question asks about an order that is not
-    `delivered` (the common status), so a wrong order id rarely gives the right answer by chance."""
-    db = sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        rare = [r[0] for r in db.execute("SELECT id FROM orders WHERE status != 'delivered' ORDER BY id")]
-        every = [r[0] for r in db.execute("SELECT id FROM orders ORDER BY id")]
-    finally:
-        db.close()
+    """One question per template, each about its own order among orders 1-9 (a one-digit argument: one token for
+    the tiny model to take from the question)."""
     rng = random.Random(seed)
-    out: list[Question] = []
-    for text, tool in TEMPLATES:
-        pool = [i for i in (rare if tool == "result" else every) if i not in {q.order_id for q in out}]
-        order_id = rng.choice(pool)
-        out.append(
-            Question(text.format(id=order_id), tool, order_id, database_answer(db_path, tool, order_id))
-        )
-    return out
+    ids = rng.sample(range(1, 10), len(TEMPLATES))
+    return [
+        Question(text.format(id=order_id), tool, order_id, database_answer(db_path, tool, order_id))
+        for (text, tool), order_id in zip(TEMPLATES, ids, strict=True)
+    ]
 
 
 def reward(question: Question, messages: list[Any]) -> float:

@@ -30,10 +30,13 @@ def make_rollout(model: TrainableModel, db_path: Path) -> Any:
     from .agent import build_agent
 
     assert model.inference_base_url is not None
+    api_key = model.inference_api_key or "none"  # the local endpoint's key (never on a command line)
 
     @wrap_rollout(model)
     async def rollout(question: Question, seed: int | None = None) -> float:
-        agent = build_agent(model.inference_base_url, model.get_inference_name(), db_path, seed=seed)
+        agent = build_agent(
+            model.inference_base_url, model.get_inference_name(), db_path, api_key=api_key, seed=seed
+        )
         try:
             state = await agent.ainvoke(
                 {"messages": [("user", question.text)]}, {"recursion_limit": RECURSION_LIMIT}
@@ -90,12 +93,12 @@ def where_to_look(report: Path, exporter: Any) -> list[str]:
 async def run_demo(
     path: str | Path = ".art",
     *,
-    steps: int = 12,
+    steps: int = 16,
     group_size: int = 8,
     learning_rate: float = 1.5e-3,
     lora_rank: int = 16,
     warm_examples: int = 64,
-    warm_epochs: int = 32,
+    warm_epochs: int = 48,
     warm_learning_rate: float = 5e-3,
     eval_samples: int = 8,
     out: str | Path | None = None,
