@@ -93,9 +93,9 @@ def where_to_look(report: Path, exporter: Any) -> list[str]:
 async def run_demo(
     path: str | Path = ".art",
     *,
-    steps: int = 16,
+    steps: int = 20,
     group_size: int = 8,
-    learning_rate: float = 1.5e-3,
+    learning_rate: float = 1.2e-3,
     lora_rank: int = 16,
     warm_examples: int = 64,
     warm_epochs: int = 48,
