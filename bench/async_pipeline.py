@@ -1,6 +1,6 @@
 """Sync vs async training on the same workload and sample budget, in one run: the demo's first task
-(demo/tool_choice.py: the tiny model, one warm start per seed shared by every mode), S steps of 8 scenario groups x G rollouts each way, then the same
-evaluation; repeated over seeds (success: mean and spread).
+(demo/tool_choice.py: the tiny model, one warm start per seed shared by every mode), S steps of 8 scenario groups x
+G rollouts each way, then the same evaluation; repeated over seeds (success: mean and spread).
 
 Engine idle = the share of the run's wall time with no request in flight at the engine (from its gateway); trainer
 idle = the share not spent in training steps; staleness = trained step - the version that sampled (mean per group).
