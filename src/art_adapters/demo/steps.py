@@ -76,7 +76,7 @@ async def pipeline_steps(
 ) -> list[Any]:
     """`steps` training steps of `groups_per_step` groups each, with rollouts that never wait for training: each
     scenario's group is rolled out while the trainer steps on the groups before it (at most
-    `max_steps_off_policy` steps stale)."""
+    `max_steps_off_policy` steps stale). Ends early when 10 steps' worth of groups in a row had equal rewards."""
     from ..pipeline import PipelineConfig, train_async
 
     last = time.perf_counter()
@@ -93,6 +93,9 @@ async def pipeline_steps(
         groups_per_step=groups_per_step,
         max_steps_off_policy=max_steps_off_policy,
         max_steps=steps,
+        # every group scoring alike (a policy that never calls a tool) trains nothing: stop after 10 steps' worth
+        # of them in a row rather than roll out forever
+        max_zero_variance_groups=10 * groups_per_step,
     )
     return await train_async(
         model, rollout_group, scenarios, config=config, pipeline=pipeline, on_step=on_step, resume=False
