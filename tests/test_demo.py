@@ -62,6 +62,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
 
 @pytest.mark.vllm
 @pytest.mark.train
+@pytest.mark.timeout(
+    1800
+)  # the whole demo runs in this test's set-up: 14-15 min on 2 shared cores at load 9-12
 def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> None:
     done, model_dir = demo_run
     lines = done.stdout.strip().splitlines()
@@ -86,6 +89,7 @@ def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> 
 
 @pytest.mark.vllm
 @pytest.mark.train
+@pytest.mark.timeout(1800)  # the demo's run when this test runs alone
 @pytest.mark.skipif(
     CHROMIUM is None, reason="chromium not installed (CI installs it: apt-get install -y chromium)"
 )
