@@ -1,6 +1,6 @@
-"""Sync vs async training on the same workload and sample budget, in one run: the demo's task (the tiny model, one
-warm start per seed shared by every mode), S steps of 8 scenario groups x G rollouts each way, then the same
-evaluation; repeated over seeds (success: mean and spread).
+"""Sync vs async training on the same workload and sample budget, in one run: the demo's first task
+(demo/tool_choice.py: the tiny model, one warm start per seed shared by every mode), S steps of 8 scenario groups x
+G rollouts each way, then the same evaluation; repeated over seeds (success: mean and spread).
 
 Engine idle = the share of the run's wall time with no request in flight at the engine (from its gateway); trainer
 idle = the share not spent in training steps; staleness = trained step - the version that sampled (mean per group).
@@ -44,7 +44,13 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
     """Every mode once, from the same warm start and on the same rollout seeds."""
     import art_adapters as art
     from art_adapters import checkpoints
-    from art_adapters.demo import SCENARIOS, evaluate, scenario_groups, train_demo_async, warm_start_examples
+    from art_adapters.demo.tool_choice import (
+        SCENARIOS,
+        evaluate,
+        scenario_groups,
+        train_demo_async,
+        warm_start_examples,
+    )
     from art_adapters.tiny import tiny_model_path
 
     lora = art.LoRAConfig(rank=16, alpha=32)

@@ -298,7 +298,7 @@ async def test_local_backend_over_http_survives_sigkill_mid_step(tmp_path: Path,
     """The real thing: `python -m art_adapters.backend.launch` (LocalBackend, vLLM, trainer) in a subprocess."""
     import psutil
 
-    from art_adapters.demo import SCENARIOS, rollout
+    from art_adapters.demo.tool_choice import SCENARIOS, rollout
 
     port, root = free_port(), tmp_path / "art"
     command = [sys.executable, "-m", "art_adapters.backend.launch", "--port", str(port), "--path", str(root)]

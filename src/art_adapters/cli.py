@@ -12,7 +12,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="art-adapters", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="train the offline tiny model on a tool-use task (CPU, minutes)")
+    demo = commands.add_parser(
+        "demo", help="train a LangGraph agent on the offline tiny model: SQLite tools, CPU, minutes"
+    )
     demo.add_argument("--path", default=".art", help="backend folder (default .art)")
     demo.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's own)")
     demo.add_argument("--out", default=None, help="where to write the reward curve PNG")
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return plan_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from .demo import run_demo_command
+        from .demo.run import run_demo_command
 
         run_demo_command(
             path=args.path,
