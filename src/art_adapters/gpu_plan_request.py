@@ -3,6 +3,7 @@ why, before any estimate is made and before anything loads."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .gpu_plan import GPUs, ModelShape, Placement, PlanError
@@ -49,8 +50,10 @@ def check_request(r: Request) -> None:
     cpu = r.gpus is None or r.placement == "cpu"
     if r.gpus is None and r.placement in ("shared", "dedicated"):
         raise PlanError(f"placement {r.placement!r} needs GPUs, and none were found or given")
-    if r.gpus is not None and (r.gpus.count < 1 or r.gpus.memory_gib <= 0):
-        raise PlanError(f"GPUs must be at least one with memory > 0, got {r.gpus}")
+    if r.gpus is not None and (
+        r.gpus.count < 1 or not math.isfinite(r.gpus.memory_gib) or r.gpus.memory_gib <= 0
+    ):
+        raise PlanError(f"GPUs must be at least one with a finite memory > 0 GiB, got {r.gpus}")
     if cpu:
         gpu_only = {
             "trainer_gpu_ids": r.trainer_gpu_ids,
