@@ -161,6 +161,10 @@ class TrainerHost:
             try:
                 trainer = await _to_the_end(load)
                 await _to_the_end(functools.partial(_move, trainer, "offload"))
+            except BaseException:  # closed (its memory freed) before the engine wakes into that memory
+                while loaded:
+                    await asyncio.to_thread(loaded.pop().close)
+                raise
             finally:
                 await asyncio.to_thread(release_memory)
                 if running:
