@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
-from test_plan import LLAMA31_8B
 
 import art_adapters as art
 from art_adapters import gpu_memory as mem
 from art_adapters.backend import local, stack, trainers
 from art_adapters.backend.local import LocalBackend
-from art_adapters.gpu_plan import GPUs, ModelShape
+from art_adapters.gpu_plan import GPUs, ModelShape, make_plan
 from art_adapters.inference import InferenceConfig
+from test_plan import LLAMA31_8B
 
 LLAMA_70B = {
     **LLAMA31_8B,
@@ -28,12 +28,6 @@ LLAMA_70B = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the plan divides the trainer's weights over the GPUs it lists, but LocalBackend runs a one-process "
-    "trainer unless trainer_processes/trainer_gpu_ids are given (and the sharded trainer takes no plan settings "
-    "and no 4-bit base): which side should give way is a design decision",
-)
 def test_the_plans_trainer_budget_matches_the_trainer_localbackend_builds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -44,9 +38,7 @@ def test_the_plans_trainer_budget_matches_the_trainer_localbackend_builds(
     monkeypatch.setattr(local, "cuda_devices", lambda: 8)
     monkeypatch.setattr(stack, "check_cuda_stack", lambda: None)
     monkeypatch.setattr(GPUs, "detect", classmethod(lambda cls: GPUs(8, 79.2)))
-    backend = LocalBackend(
-        tmp_path / "art", inference=InferenceConfig(tensor_parallel_size=4, replicas=1)
-    )
+    backend = LocalBackend(tmp_path / "art", inference=InferenceConfig(tensor_parallel_size=4, replicas=1))
     model = art.TrainableModel(name="m", project="p", base_model=str(base))
     backend._engine_config(base, model, 16)
     plan = backend._base_plans[base]
@@ -61,3 +53,10 @@ def test_the_plans_trainer_budget_matches_the_trainer_localbackend_builds(
         f"plan budgets {plan.estimates_gib['trainer_weights']} GiB of weights per trainer GPU over "
         f"{plan.trainer_gpu_ids}, but LocalBackend runs {processes} process(es): {per_process:.1f} GiB each"
     )
+
+
+def test_a_sharded_trainer_is_never_planned_with_a_4bit_base() -> None:
+    """The sharded trainer (PEFT under FSDP2) refuses load_in_4bit: a plan for one must not choose it."""
+    shape = ModelShape.from_dict(LLAMA_70B)
+    plan = make_plan(shape, GPUs(8, 79.2), trainer_gpu_ids=[0, 1], inference_gpu_ids=[2, 3, 4, 5, 6, 7])
+    assert plan.trainer_gpu_ids == [0, 1] and not plan.load_in_4bit
