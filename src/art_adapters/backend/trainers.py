@@ -204,9 +204,13 @@ class TrainerHost:
         processes = self._trainer_processes(model)
         gpus = self._trainer_gpus(model)
         trainer: Trainer | ShardedTrainer
+        engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
         if processes > 1 or self.trainer_nodes > 1:
             from ..training.sharded import ShardedTrainer
 
+            settings = trainer_settings(self._plan(model), ShardedTrainer)
+            if engine_max_len is not None:  # one sequence length, the sharded trainer's too
+                settings["max_seq_len"] = engine_max_len
             trainer = ShardedTrainer(
                 model.base_model,
                 model.lora,
@@ -215,12 +219,12 @@ class TrainerHost:
                 nodes=self.trainer_nodes,
                 master=self.trainer_master,
                 options=self.trainer_options,
+                **settings,
             )
         else:
             from ..training.trainer import Trainer
 
             settings = trainer_settings(self._plan(model), Trainer)
-            engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
             if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
                 settings["max_seq_len"] = engine_max_len
             trainer = Trainer(
