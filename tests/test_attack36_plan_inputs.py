@@ -41,3 +41,9 @@ def test_make_plan_refuses_gpus_whose_memory_is_not_finite(tmp_path: Path, memor
 def test_a_float_expert_count_is_still_a_mixture_of_experts() -> None:
     with pytest.raises(PlanError, match="mixture-of-experts"):
         ModelShape.from_dict({**QWEN3_8B, "num_experts": 128.0})
+
+
+@pytest.mark.parametrize("key", ["tensor_parallel_size", "replicas"])
+def test_a_bool_is_not_a_gpu_count(key: str) -> None:
+    with pytest.raises(PlanError, match=key):
+        make_plan(ModelShape.from_dict(QWEN3_8B), GPUs(8, 79.2), **{key: True})

@@ -32,13 +32,10 @@ class Request:
 
 
 def check_request(r: Request) -> None:
-    for key in ("max_seq_len", "tokens_per_step", "micro_batch_tokens", "logprob_chunk_tokens", "lora_rank"):
+    counts = ("max_seq_len", "tokens_per_step", "micro_batch_tokens", "logprob_chunk_tokens", "lora_rank")
+    for key in (*counts, "tensor_parallel_size", "replicas"):
         value = getattr(r, key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise PlanError(f"{key} must be a positive integer, got {value!r}")
-    for key in ("tensor_parallel_size", "replicas"):
-        value = getattr(r, key)
-        if value is not None and (not isinstance(value, int) or value <= 0):
             raise PlanError(f"{key} must be a positive integer, got {value!r}")
     if r.max_seq_len is not None and r.max_seq_len > r.shape.context:
         raise PlanError(
