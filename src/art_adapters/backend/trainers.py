@@ -5,6 +5,7 @@ replacing a trainer that died (a failed rank, a lost process) from the last chec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -156,7 +157,7 @@ class TrainerHost:
                     await asyncio.gather(loading, return_exceptions=True)
                 return loading.result()
             if running:
-                await server.sleep()
+                await _sleep(server)
                 await asyncio.to_thread(release_memory)
             try:
                 trainer = await _to_the_end(load)
@@ -304,7 +305,7 @@ class TrainerHost:
         shared = not self.dedicated(state)
         saved: tuple[int, Path | None] | None = None
         if shared:
-            await state.server.sleep()
+            await _sleep(state.server)
             await asyncio.to_thread(release_memory)
         try:
             trainer = await self._live_trainer(state)
@@ -407,6 +408,16 @@ async def _drop(
         if engine is not None:
             await asyncio.to_thread(release_memory)
             await engine.wake_up()
+
+
+async def _sleep(engine: VLLMServer) -> None:
+    """engine.sleep(); if it fails or is cancelled (vLLM may sleep all the same), a wake-up (a no-op when awake)."""
+    try:
+        await engine.sleep()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await engine.wake_up()
+        raise
 
 
 async def _to_the_end(work: Callable[[], T]) -> T:
