@@ -210,7 +210,11 @@ def test_7b_on_8_gpus_by_default_trains_on_one_and_serves_on_seven(models: dict[
 def test_7b_on_8_gpus_with_tp_2(models: dict[str, Path]) -> None:
     plan = make_plan(models["qwen2.5-7b"], GPUs(8, 79.2), tensor_parallel_size=2)
     assert plan.tensor_parallel_size * plan.replicas == len(plan.inference_gpu_ids)
-    assert (plan.trainer_gpu_ids, plan.inference_gpu_ids, plan.replicas) == ([0, 1], [2, 3, 4, 5, 6, 7], 3)
+    assert (plan.trainer_gpu_ids, plan.inference_gpu_ids, plan.replicas) == (
+        [0],
+        [2, 3, 4, 5, 6, 7],
+        3,
+    )  # one-process trainer
     one = make_plan(models["qwen2.5-7b"], GPUs(8, 79.2))
     assert plan.estimates_gib["vllm_weights"] == pytest.approx(
         one.estimates_gib["vllm_weights"] / 2, abs=0.01
@@ -396,7 +400,7 @@ def test_cli_prints_the_table_and_json(models: dict[str, Path], capsys: pytest.C
     ]
     assert main([*argv, "--json"]) == 0
     plan = Plan.model_validate_json(capsys.readouterr().out)
-    assert (plan.tensor_parallel_size, plan.replicas, plan.trainer_gpu_ids) == (2, 3, [0, 1])
+    assert (plan.tensor_parallel_size, plan.replicas, plan.trainer_gpu_ids) == (2, 3, [0])
     assert main(["plan", str(models["qwen2.5-3b"]), "--gpus", "0", "--max-seq-len", "4096", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["placement"] == "cpu"
 

@@ -99,7 +99,8 @@ class ModelShape:
         if isinstance(data.get("text_config"), dict):
             config = {**data, **data["text_config"]}
         for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-            if isinstance(config.get(key), int) and config[key] > 1:
+            experts = config.get(key)
+            if isinstance(experts, (int, float)) and not isinstance(experts, bool) and experts > 1:
                 raise PlanError(
                     f"{source}: field {key!r} = {config[key]}: mixture-of-experts models are not planned"
                 )

@@ -3,6 +3,7 @@ why, before any estimate is made and before anything loads."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .gpu_plan import GPUs, ModelShape, Placement, PlanError
@@ -31,13 +32,10 @@ class Request:
 
 
 def check_request(r: Request) -> None:
-    for key in ("max_seq_len", "tokens_per_step", "micro_batch_tokens", "logprob_chunk_tokens", "lora_rank"):
+    counts = ("max_seq_len", "tokens_per_step", "micro_batch_tokens", "logprob_chunk_tokens", "lora_rank")
+    for key in (*counts, "tensor_parallel_size", "replicas"):
         value = getattr(r, key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise PlanError(f"{key} must be a positive integer, got {value!r}")
-    for key in ("tensor_parallel_size", "replicas"):
-        value = getattr(r, key)
-        if value is not None and (not isinstance(value, int) or value <= 0):
             raise PlanError(f"{key} must be a positive integer, got {value!r}")
     if r.max_seq_len is not None and r.max_seq_len > r.shape.context:
         raise PlanError(
@@ -49,8 +47,10 @@ def check_request(r: Request) -> None:
     cpu = r.gpus is None or r.placement == "cpu"
     if r.gpus is None and r.placement in ("shared", "dedicated"):
         raise PlanError(f"placement {r.placement!r} needs GPUs, and none were found or given")
-    if r.gpus is not None and (r.gpus.count < 1 or r.gpus.memory_gib <= 0):
-        raise PlanError(f"GPUs must be at least one with memory > 0, got {r.gpus}")
+    if r.gpus is not None and (
+        r.gpus.count < 1 or not math.isfinite(r.gpus.memory_gib) or r.gpus.memory_gib <= 0
+    ):
+        raise PlanError(f"GPUs must be at least one with a finite memory > 0 GiB, got {r.gpus}")
     if cpu:
         gpu_only = {
             "trainer_gpu_ids": r.trainer_gpu_ids,

@@ -101,9 +101,10 @@ def _layout(r: Request) -> Layout:
                     rest = rest[-tp * r.replicas :] if tp * r.replicas < len(rest) else rest
                 else:  # the largest multiple of TP that leaves the trainer at least one GPU
                     rest = rest[len(rest) - (gpus.count - 1) // tp * tp :] if tp <= gpus.count - 1 else rest
-                trainer = [i for i in everything if i not in rest] or None
+                trainer = [i for i in everything if i not in rest][:1] or None
             inference = rest
-        trainer = trainer or [i for i in everything if i not in inference]
+        # not given: one GPU, the one-process trainer's (a sharded trainer is asked for with its GPU ids)
+        trainer = trainer or [i for i in everything if i not in inference][:1]
         if not trainer or not inference:
             raise PlanError(
                 f"dedicated placement needs GPUs for both: trainer {trainer}, inference {inference}"
@@ -176,7 +177,7 @@ def _trial(
     chunk = chunk or r.logprob_chunk_tokens or CHUNK_CANDIDATES[-1]
     micro_batch = micro_batch or r.micro_batch_tokens or MIN_MICRO_BATCH_TOKENS
     peak_tokens = max(micro_batch, seq)
-    ranks = len(layout.trainer)  # >1: the sharded trainer splits weights and LoRA state over its ranks
+    ranks = len(layout.trainer)  # >1 (trainer GPUs given): the sharded trainer splits weights and LoRA state
     e: dict[str, float] = {}
     width = mem.BF16 if _has_bf16(gpus) else 4  # pre-Ampere: the trainer trains in fp32 (no fp16 steps)
     e["trainer_weights"] = (
@@ -265,6 +266,8 @@ def _search(r: Request, layout: Layout) -> Trial | None:
     (16-bit, then 4-bit), then on down to 1024 tokens."""
     four_bits = [False, True] if r.load_in_4bit is None else [r.load_in_4bit]
     if r.gpus is not None and not _has_bf16(r.gpus):  # a 4-bit base computes in half precision: not there
+        four_bits = [False]
+    if len(r.trainer_gpu_ids or []) > 1:  # the sharded trainer (PEFT under FSDP2) loads no 4-bit base
         four_bits = [False]
     target = r.max_seq_len or r.shape.context
     floors = (

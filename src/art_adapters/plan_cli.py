@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from .gpu_plan import GPUs, PlanError, format_plan, make_plan
@@ -65,8 +66,8 @@ def plan_command(argv: list[str]) -> int:
         parser.error("--gpus needs --gpu-memory (each GPU's memory in GiB, e.g. 79.2 for an 80 GB H100)")
     if args.gpu_memory is not None and not args.gpus:
         parser.error("--gpu-memory needs --gpus N (N > 0)")
-    if args.gpu_memory is not None and args.gpu_memory <= 0:
-        parser.error(f"--gpu-memory must be more than 0 GiB, got {args.gpu_memory}")
+    if args.gpu_memory is not None and not (math.isfinite(args.gpu_memory) and args.gpu_memory > 0):
+        parser.error(f"--gpu-memory must be a finite number of GiB above 0, got {args.gpu_memory}")
     if args.gpus is None:
         gpus = GPUs.detect()
     elif args.gpus == 0:

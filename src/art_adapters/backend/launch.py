@@ -94,7 +94,13 @@ def serve(
         try:
             inference = InferenceConfig(limits=limits, **{k: v for k, v in given.items() if v is not None})
         except ValidationError as error:
-            raise SystemExit(f"art-adapters serve: {error.errors()[0]['msg']}") from None
+            first = error.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            flag = {"gpu_ids": "inference-gpu", "max_model_len": "max-seq-len"}.get(
+                field, field.replace("_", "-")
+            )
+            where = f"--{flag}: " if flag else ""
+            raise SystemExit(f"art-adapters serve: {where}{first['msg']}") from None
         backend = LocalBackend(
             path=path,
             inference=inference,

@@ -393,6 +393,12 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         check_ids(plan.trainer_gpu_ids, config.gpu_ids, devices)
         trainer = given or list(plan.trainer_gpu_ids)
         dedicated = placement_of(trainer, config.gpu_ids, plan.placement) == "dedicated"
+        given_sleep = "enable_sleep_mode" in self._given_engine_fields()
+        if not dedicated and given_sleep and not config.sleep_mode_enabled(True):
+            raise ValueError(
+                "enable_sleep_mode=False, but the trainer shares the engine's GPU: the engine must sleep while a "
+                "step trains; give the engine GPUs of its own (inference gpu_ids) or leave enable_sleep_mode unset"
+            )
         if dedicated and "enable_sleep_mode" not in self._given_engine_fields():
             config = config.model_copy(
                 update={"enable_sleep_mode": False}

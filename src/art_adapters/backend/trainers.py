@@ -5,6 +5,7 @@ replacing a trainer that died (a failed rank, a lost process) from the last chec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -156,11 +157,15 @@ class TrainerHost:
                     await asyncio.gather(loading, return_exceptions=True)
                 return loading.result()
             if running:
-                await server.sleep()
+                await _sleep(server)
                 await asyncio.to_thread(release_memory)
             try:
                 trainer = await _to_the_end(load)
                 await _to_the_end(functools.partial(_move, trainer, "offload"))
+            except BaseException:  # closed (its memory freed) before the engine wakes into that memory
+                while loaded:
+                    await asyncio.to_thread(loaded.pop().close)
+                raise
             finally:
                 await asyncio.to_thread(release_memory)
                 if running:
@@ -200,9 +205,13 @@ class TrainerHost:
         processes = self._trainer_processes(model)
         gpus = self._trainer_gpus(model)
         trainer: Trainer | ShardedTrainer
+        engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
         if processes > 1 or self.trainer_nodes > 1:
             from ..training.sharded import ShardedTrainer
 
+            settings = trainer_settings(self._plan(model), ShardedTrainer)
+            if engine_max_len is not None:  # one sequence length, the sharded trainer's too
+                settings["max_seq_len"] = engine_max_len
             trainer = ShardedTrainer(
                 model.base_model,
                 model.lora,
@@ -211,12 +220,12 @@ class TrainerHost:
                 nodes=self.trainer_nodes,
                 master=self.trainer_master,
                 options=self.trainer_options,
+                **settings,
             )
         else:
             from ..training.trainer import Trainer
 
             settings = trainer_settings(self._plan(model), Trainer)
-            engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
             if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
                 settings["max_seq_len"] = engine_max_len
             trainer = Trainer(
@@ -296,7 +305,7 @@ class TrainerHost:
         shared = not self.dedicated(state)
         saved: tuple[int, Path | None] | None = None
         if shared:
-            await state.server.sleep()
+            await _sleep(state.server)
             await asyncio.to_thread(release_memory)
         try:
             trainer = await self._live_trainer(state)
@@ -399,6 +408,16 @@ async def _drop(
         if engine is not None:
             await asyncio.to_thread(release_memory)
             await engine.wake_up()
+
+
+async def _sleep(engine: VLLMServer) -> None:
+    """engine.sleep(); if it fails or is cancelled (vLLM may sleep all the same), a wake-up (a no-op when awake)."""
+    try:
+        await engine.sleep()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await engine.wake_up()
+        raise
 
 
 async def _to_the_end(work: Callable[[], T]) -> T:
