@@ -1,7 +1,6 @@
-"""Attack on "every decision can be overridden" read the other way: a decision the plan prints must be applied.
-The plan decides the micro-batch token budget (and budgets activations for it), but nothing hands it to the
-trainer: LocalBackend's steps pack TrainConfig.micro_batch_tokens (4096 unless set), more than the plan's budget
-where it chose fewer (a tight card at a short max_seq_len), and far less where it chose more."""
+"""A decision the plan prints must be applied (found by the outside attack on issue 36): the plan's micro-batch
+budget, for which it sized the activations, reaches the trainer as a cap on each step's
+TrainConfig.micro_batch_tokens (4096 unless set), so a tight card never packs more than it planned for."""
 
 from __future__ import annotations
 
@@ -29,12 +28,25 @@ TIGHT = Plan(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the plan's micro_batch_tokens reaches no trainer: Trainer takes no budget and TrainConfig's default "
-    "(4096) is packed whatever the plan chose; whether an unset TrainConfig.micro_batch_tokens should take the "
-    "plan's (and how a remote config tells 'unset' from 4096) is a design decision",
-)
 def test_the_plans_micro_batch_budget_reaches_the_trainer() -> None:
     assert "micro_batch_tokens" in inspect.signature(Trainer).parameters
     assert trainer_settings(TIGHT, Trainer).get("micro_batch_tokens") == 2048
+
+
+def test_a_step_packs_at_most_the_trainers_budget() -> None:
+    """The plan's budget caps what a step's TrainConfig asks (4096 by default); a smaller ask is kept."""
+    from art_adapters.config import TrainConfig
+    from art_adapters.tiny import tiny_model_path
+    from test_trainer import HEAD, rollouts
+
+    trainer = Trainer(tiny_model_path(), HEAD, engine="peft", micro_batch_tokens=64)
+    assert trainer.micro_batch_budget(4096) == 64 and trainer.micro_batch_budget(32) == 32
+    groups = rollouts(trainer, seed=2)
+    capped = trainer.train_step(groups, TrainConfig(learning_rate=1e-5))
+    assert capped["micro_batches"] > 1  # 16 sequences of ~30 tokens: one micro-batch of 4096, several of 64
+    uncapped = Trainer(tiny_model_path(), HEAD, engine="peft").train_step(
+        groups, TrainConfig(learning_rate=1e-5)
+    )
+    assert uncapped["micro_batches"] == 1
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        Trainer(tiny_model_path(), HEAD, engine="peft", micro_batch_tokens=-5)

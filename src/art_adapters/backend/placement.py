@@ -101,7 +101,7 @@ def planned_config(config: InferenceConfig, plan: Plan) -> InferenceConfig:
 
 def trainer_settings(plan: Plan | None, trainer_class: type) -> dict[str, Any]:
     """The Trainer keywords the plan decides: its sequence length, checkpointing and dtype, and (where this
-    Trainer takes them) its logprob chunk and 4-bit base."""
+    Trainer takes them) its logprob chunk, 4-bit base and micro-batch budget (a cap on TrainConfig's)."""
     if plan is None or plan.placement == "cpu":
         return {}
     import torch
@@ -112,6 +112,7 @@ def trainer_settings(plan: Plan | None, trainer_class: type) -> dict[str, Any]:
         "dtype": getattr(torch, plan.trainer_dtype),
         "logprob_chunk_tokens": plan.logprob_chunk_tokens,
         "load_in_4bit": plan.load_in_4bit,
+        "micro_batch_tokens": plan.micro_batch_tokens,
     }
     parameters = inspect.signature(trainer_class).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

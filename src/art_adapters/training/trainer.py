@@ -66,9 +66,11 @@ class Trainer(TrainerParts):
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: int | None = None,
         load_in_4bit: bool = False,
+        micro_batch_tokens: int | None = None,
         parallel: Parallel | None = None,
     ) -> None:
         _check_count("max_seq_len", max_seq_len, 2)
+        _check_count("micro_batch_tokens (None: no cap)", micro_batch_tokens or 1, 1)
         _check_count("logprob_chunk_tokens (0 or None: unchunked)", logprob_chunk_tokens or 0, 0)
         self.base_model = str(base_model)
         self.lora = lora or LoRAConfig()
@@ -78,6 +80,8 @@ class Trainer(TrainerParts):
         self.max_seq_len = max_seq_len
         self.gradient_checkpointing = gradient_checkpointing
         self.logprob_chunk_tokens = logprob_chunk_tokens or None
+        # the most tokens one micro-batch may hold (the GPU plan's budget): a step asking more is capped at it
+        self.micro_batch_tokens = micro_batch_tokens
         self.load_in_4bit = load_in_4bit
         self.parallel = parallel
         self.step = 0
@@ -221,7 +225,9 @@ class Trainer(TrainerParts):
         measure = config.max_token_drop is not None or config.measure_token_drop
         self._measured = []
         batches = pack_micro_batches(
-            [len(s) for s in sequences], config.micro_batch_tokens, [trajectory_of(s) for s in sequences]
+            [len(s) for s in sequences],
+            self.micro_batch_budget(config.micro_batch_tokens),
+            [trajectory_of(s) for s in sequences],
         )
 
         def run(batch: list[int] | None) -> torch.Tensor:
@@ -272,6 +278,11 @@ class Trainer(TrainerParts):
         )
         check_not_future(groups, (v for s in sequences for v in s.versions), self.step)
         return sequences, metrics
+
+    def micro_batch_budget(self, asked: int) -> int:
+        """A micro-batch's token budget: what the config asks, never above the trainer's `micro_batch_tokens` (what
+        its memory was planned for); a sequence longer than the budget still trains, alone in its micro-batch."""
+        return asked if self.micro_batch_tokens is None else min(asked, self.micro_batch_tokens)
 
     def seq_limit(self, asked: int | None) -> int:
         """A step's longest sequence: what the config asks (None: no limit of its own), never above the trainer's
@@ -356,7 +367,9 @@ class Trainer(TrainerParts):
             return loss
 
         self._accumulate(
-            pack_micro_batches([len(s) for s in sequences], 4096), [len(s) for s in sequences], run
+            pack_micro_batches([len(s) for s in sequences], self.micro_batch_budget(4096)),
+            [len(s) for s in sequences],
+            run,
         )
         loss_sum = self._summed(losses)["loss"]
         grad_norm = self._clip(config.max_grad_norm)
