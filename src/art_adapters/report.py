@@ -288,10 +288,21 @@ def write_report(model_dir: str | Path, out: str | Path | None = None) -> Path:
         else model_dir.name
     )
     total = sum(len(v) for steps in trajectories.values() for v in steps.values())
+    evaluation = (
+        model_dir / "evaluation.html"
+    )  # written by art_adapters.evaluation.sinks.write_report_section
+    link = ""
+    if evaluation.exists():
+        href = (
+            "evaluation.html"
+            if out_path.parent.resolve() == model_dir.resolve()
+            else evaluation.resolve().as_uri()
+        )
+        link = f' · <a id="evaluation-link" href="{html.escape(href)}" style="color:#93c5fd">evaluation</a>'
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{name} — art-adapters report</title>
 <style>{CSS}</style></head>
-<body><header><h1>{name}</h1><p>{len(history)} step(s) in history.jsonl · {total} saved trajectories</p></header>
+<body><header><h1>{name}</h1><p>{len(history)} step(s) in history.jsonl · {total} saved trajectories{link}</p></header>
 <main>
 <section id="curves"><h2>Curves</h2><div class="charts">{charts_html(history)}</div></section>
 <section id="table"><h2>Per step</h2>{table_html(history)}</section>

@@ -1,7 +1,8 @@
 """A local stand-in for the parts of Langfuse's public API its Python SDK uses to write and read traces, on
 127.0.0.1: OTLP ingestion and score creation in; `GET /api/public/v2/observations` (cursor pages, field groups,
 metadata values over 200 characters truncated unless expanded, the query and `filter` filters) and
-`GET /api/public/v3/scores` out. No Langfuse server runs offline; this one lets the importer be tested through the
+`GET /api/public/v3/scores` out; datasets, dataset items and experiments (dataset runs) through
+langfuse_datasets.py. No Langfuse server runs offline; this one lets the importer be tested through the
 real `langfuse` client.
 
     with LangfuseAPIServer(public_key="pk", secret_key="sk") as server:
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..tracing.otlp import OTLPError, decode_request
+from .langfuse_datasets import DatasetStore, experiment_attributes, public_score
 
 _META = "langfuse.observation.metadata."
 _GROUPS = {"core", "basic", "time", "io", "metadata", "model", "usage", "prompt", "metrics", "trace_context"}
@@ -42,6 +44,7 @@ class LangfuseAPIServer:
         self.observations: list[dict[str, Any]] = []
         self.scores: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []
+        self.datasets = DatasetStore()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -133,6 +136,10 @@ class LangfuseAPIServer:
                 return 200, self._observations(query)
             if method == "GET" and url.path == "/api/public/v3/scores":
                 return 200, self._scores(query)
+            with self._lock:
+                answer = self.datasets.route(method, url.path, query, body, self.observations, self.scores)
+            if answer is not None:
+                return answer
         except (ValueError, KeyError, OTLPError) as error:
             return 400, {"message": f"{type(error).__name__}: {error}"}
         return 404, {"message": f"{method} {url.path} is not served by this stand-in"}
@@ -189,6 +196,7 @@ class LangfuseAPIServer:
             "model": a.get("langfuse.observation.model.name"),
             "modelParameters": _json(a.get("langfuse.observation.model.parameters")),
             "usageDetails": _counts(_json(a.get("langfuse.observation.usage_details"))),
+            "_experiment": experiment_attributes(a),
             "_trace": {
                 "sessionId": a.get("session.id"),
                 "userId": a.get("user.id"),
@@ -218,7 +226,12 @@ class LangfuseAPIServer:
             "createdAt": _iso(time.time_ns()),
             "updatedAt": _iso(time.time_ns()),
             "comment": body.get("comment"),
-            "subject": {"kind": "trace", "id": body["traceId"]},
+            "metadata": body.get("metadata"),
+            "subject": {"kind": "observation", "id": body["observationId"], "traceId": body["traceId"]}
+            if body.get("observationId")
+            else {"kind": "trace", "id": body["traceId"]},
+            "_traceId": body["traceId"],
+            "_observationId": body.get("observationId"),
         }
         with self._lock:
             self.scores = [s for s in self.scores if s["id"] != score["id"]] + [score]
@@ -296,12 +309,12 @@ class LangfuseAPIServer:
             rows = [
                 s
                 for s in self.scores
-                if (not traces or s["subject"]["id"] in traces) and (not names or s["name"] in names)
+                if (not traces or s["_traceId"] in traces) and (not names or s["name"] in names)
             ]
         start = int(base64.urlsafe_b64decode(query["cursor"]).decode()) if query.get("cursor") else 0
         fields = set((query.get("fields") or "").split(","))
         page = [
-            {k: v for k, v in s.items() if k != "subject" or "subject" in fields}
+            {k: v for k, v in public_score(s).items() if k != "subject" or "subject" in fields}
             for s in rows[start : start + limit]
         ]
         return {"data": page, "meta": _meta(start, limit, len(rows))}
