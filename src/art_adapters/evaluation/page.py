@@ -66,7 +66,9 @@ def _frame(
         y = lo + frac * (hi - lo)
         parts.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{sy(y):.1f}" y2="{sy(y):.1f}"/>')
         parts.append(f'<text x="{LEFT - 4}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:.3g}</text>')
-    for x in sorted(set(xs)):
+    ticks = sorted(set(xs))
+    every = max(1, math.ceil(len(ticks) / 8))  # at most ~8 labels on the x axis
+    for x in ticks[::every] + ([ticks[-1]] if (len(ticks) - 1) % every else []):
         parts.append(f'<text x="{sx(x):.1f}" y="{H - 14}" text-anchor="middle">{x:g}</text>')
     parts.append(
         f'<text x="{(LEFT + W - RIGHT) / 2:.1f}" y="{H - 2}" text-anchor="middle">{_esc(x_label)}</text>'

@@ -182,17 +182,22 @@ def log_langfuse(
         metadata={"project": result.project, "model": result.model, "split": result.split},
     )
     runs = LangfuseRuns(dataset=name)
+    prompts: dict[str, list[dict[str, Any]]] = {}
+    for a in result.attempts:  # the first attempt with messages tells what the scenario asked
+        if not prompts.get(a.scenario_id):
+            prompts[a.scenario_id] = prompt_of(a.messages)
     inputs: dict[str, Any] = {}
-    for a in result.attempts:
-        if a.scenario_id not in inputs or (not inputs[a.scenario_id] and a.messages):
-            inputs[a.scenario_id] = prompt_of(a.messages)
+    for scenario_id, prompt in prompts.items():
+        if scenarios is not None and scenario_id in scenarios:
+            inputs[scenario_id] = scenarios[scenario_id]
+        else:
+            inputs[scenario_id] = prompt or {"scenario_id": scenario_id}
     dataset_id = ""
-    for scenario_id, prompt in inputs.items():
-        scenario = scenarios[scenario_id] if scenarios is not None and scenario_id in scenarios else prompt
+    for scenario_id, scenario in inputs.items():
         item = langfuse.create_dataset_item(
             dataset_name=name,
             id=dataset_item_id(name, scenario_id),
-            input=scenario if scenario else {"scenario_id": scenario_id},
+            input=scenario,
             metadata={"scenario_id": scenario_id},
         )
         runs.item_ids[scenario_id] = item.id
@@ -221,7 +226,7 @@ def log_langfuse(
             _AttemptItem(
                 runs.item_ids[a.scenario_id],
                 dataset_id,
-                item_input(a, scenarios, inputs),
+                inputs[a.scenario_id],
                 a,
                 steps.get(label),
             )
@@ -247,9 +252,3 @@ def log_langfuse(
             a = item_result.item.attempt
             runs.trace_ids[(a.target, a.scenario_id, a.attempt)] = item_result.trace_id
     return runs
-
-
-def item_input(attempt: Attempt, scenarios: Mapping[str, Any] | None, prompts: Mapping[str, Any]) -> Any:
-    if scenarios is not None and attempt.scenario_id in scenarios:
-        return scenarios[attempt.scenario_id]
-    return prompts.get(attempt.scenario_id) or {"scenario_id": attempt.scenario_id}
