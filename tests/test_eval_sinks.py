@@ -299,36 +299,51 @@ def test_langfuse_dataset_runs_per_target_with_a_scored_trace_per_attempt(langfu
     client.shutdown()
 
 
-def test_langfuse_items_default_to_the_prompt_and_a_disabled_exporter_logs_nothing(
-    langfuse_server: Any,
+def test_langfuse_through_an_exporter_items_default_to_the_prompt_and_no_keys_log_nothing(
+    langfuse_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from langfuse import Langfuse
-
     from art_adapters.evaluation.results import Attempt
+    from art_adapters.tracing.langfuse import LangfuseExporter
+
+    exporter = LangfuseExporter(
+        langfuse_server.public_key, langfuse_server.secret_key, langfuse_server.base_url
+    )
+    result = eval_result(scenarios=2, attempts=1)
+    result.attempts.append(Attempt("step 0", "lost", 0, None, None, "ValueError: bad output", [], 0.1))
+    runs = log_langfuse(result, exporter, dataset_name="my-eval")
+    assert runs is not None and runs.dataset == "my-eval" and len(runs.trace_ids) == 7
+    items = {i.metadata["scenario_id"]: i.input for i in exporter.client.get_dataset("my-eval").items}
+    assert items["s0"] == [
+        {"role": "system", "content": "Answer with the tool."},
+        {"role": "user", "content": "Question s0?"},
+    ]
+    assert items["lost"] == {"scenario_id": "lost"}  # every attempt errored: no prompt to show
+    exporter.close()
+
+    monkeypatch.delenv("LANGFUSE_PUBLIC_KEY", raising=False)
+    monkeypatch.delenv("LANGFUSE_SECRET_KEY", raising=False)
+    with pytest.warns(RuntimeWarning, match="disabled"):
+        disabled = LangfuseExporter()
+    assert log_langfuse(result, disabled) is None
+    disabled.close()
+    with pytest.raises(TypeError, match="langfuse.Langfuse or a LangfuseExporter"):
+        log_langfuse(result, object())
+
+
+def test_langfuse_logs_only_the_targets_asked_for(langfuse_server: Any) -> None:
+    from langfuse import Langfuse
 
     client = Langfuse(
         public_key=langfuse_server.public_key,
         secret_key=langfuse_server.secret_key,
         base_url=langfuse_server.base_url,
     )
-    result = eval_result(scenarios=2, attempts=1)
-    result.attempts.append(Attempt("step 0", "lost", 0, None, None, "ValueError: bad output", [], 0.1))
-    runs = log_langfuse(result, client, dataset_name="my-eval")
-    assert runs is not None and runs.dataset == "my-eval"
-    items = {i.metadata["scenario_id"]: i.input for i in client.get_dataset("my-eval").items}
-    assert items["s0"] == [
-        {"role": "system", "content": "Answer with the tool."},
-        {"role": "user", "content": "Question s0?"},
-    ]
-    assert items["lost"] == {"scenario_id": "lost"}  # every attempt errored: no prompt to show
+    result = eval_result(scenarios=2, attempts=2)
+    with pytest.raises(ValueError, match=r"no target\(s\) \['step 99'\]"):
+        log_langfuse(result, client, targets=["step 99"])
+    assert langfuse_server.datasets.datasets == {}  # refused before writing anything
+    runs = log_langfuse(result, client, targets=["step 12"])
+    assert runs is not None and list(runs.runs) == ["step 12"] and len(runs.trace_ids) == 4
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    assert [e.name for e in client.api.experiments.list(from_start_time=since).data] == ["agent-001 step 12"]
     client.shutdown()
-
-    class DisabledExporter:  # LangfuseExporter without keys: export() works, client is None
-        client = None
-
-        def export(self, *args: Any, **kwargs: Any) -> list[str]:
-            return []
-
-    assert log_langfuse(result, DisabledExporter()) is None
-    with pytest.raises(TypeError, match="langfuse.Langfuse or a LangfuseExporter"):
-        log_langfuse(result, object())

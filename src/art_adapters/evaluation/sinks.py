@@ -7,7 +7,7 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,7 @@ def log_langfuse(
     *,
     scenarios: Mapping[str, Any] | None = None,
     dataset_name: str | None = None,
+    targets: Sequence[str] | None = None,
 ) -> LangfuseRuns | None:
     """Make the evaluation a Langfuse dataset with one run per target, so the targets' answers to one scenario
     sit side by side in Langfuse's experiment compare view.
@@ -165,7 +166,10 @@ def log_langfuse(
     attempt's messages from the first assistant turn (tool calls included), a `reward` score (and `success` when
     known), the attempt's error as an ERROR level. `client` is a `langfuse.Langfuse` or a LangfuseExporter; a
     disabled exporter (no keys) logs nothing and returns None. Uses the SDK's run_experiment, so Langfuse links
-    the runs to the dataset exactly as for its own experiments."""
+    the runs to the dataset exactly as for its own experiments.
+
+    A run is named after its target, so logging a target again adds its attempts to the same run: during training,
+    pass `targets=` (e.g. only the new step) to log each target once."""
     langfuse = client.client if hasattr(client, "export") and hasattr(client, "client") else client
     if langfuse is None:
         return None
@@ -173,6 +177,13 @@ def log_langfuse(
         raise TypeError(
             f"log_langfuse: client must be a langfuse.Langfuse or a LangfuseExporter, got {type(client).__name__}"
         )
+    steps = {t.target: t.step for t in result.targets}
+    labels = [t.target for t in result.targets] + sorted({a.target for a in result.attempts} - set(steps))
+    if targets is not None:
+        unknown = sorted(set(targets) - set(labels))
+        if unknown:
+            raise ValueError(f"log_langfuse: no target(s) {unknown} in this evaluation (have: {labels})")
+        labels = [label for label in labels if label in set(targets)]
     from langfuse import Evaluation
 
     name = dataset_name or f"{result.project}/{result.model}/{result.split}"
@@ -202,7 +213,6 @@ def log_langfuse(
         )
         runs.item_ids[scenario_id] = item.id
         dataset_id = item.dataset_id
-    steps = {t.target: t.step for t in result.targets}
 
     def task(*, item: _AttemptItem, **_: Any) -> Any:
         attempt = item.attempt
@@ -220,7 +230,6 @@ def log_langfuse(
             out.append(Evaluation(name="success", value=bool(metadata["success"]), data_type="BOOLEAN"))
         return out
 
-    labels = [t.target for t in result.targets] + sorted({a.target for a in result.attempts} - set(steps))
     for label in labels:
         data = [
             _AttemptItem(
