@@ -136,6 +136,23 @@ def test_report_page_is_self_contained_escaped_and_linked(tmp_path: Path) -> Non
     assert 'href="report.html"' in again.read_text() and 'id="not-held-out"' not in again.read_text()
 
 
+def test_report_page_and_table_survive_a_target_that_never_finished(tmp_path: Path) -> None:
+    import dataclasses
+
+    from art_adapters.evaluation.intervals import Interval
+
+    result = eval_result()
+    nan = float("nan")
+    result.targets[1] = dataclasses.replace(
+        result.targets[1], scenarios=0, reward=Interval(nan, nan, nan), success_rate=None, pass_at_k={}
+    )
+    page = write_report_section(result, tmp_path).read_text()
+    parsed = _parse(page)
+    assert [p["data-target"] for p in parsed.points["reward"]] == ["step 0"]
+    assert "nan" not in "".join(str(p) for p in parsed.points["reward"])
+    assert "| step 12 | 0 | 1 | n/a [n/a] | n/a |" in " ".join(format_table(result).split())
+
+
 @pytest.mark.skipif(
     CHROMIUM is None, reason="chromium not installed (CI installs it: apt-get install -y chromium)"
 )

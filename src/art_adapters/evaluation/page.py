@@ -78,8 +78,11 @@ def _frame(
 
 def reward_chart(result: EvalResult) -> str:
     """Mean reward per step with its 95 % CI band; reference targets as dashed horizontal lines."""
-    steps = sorted((t for t in result.targets if t.step is not None), key=lambda t: t.step or 0)
-    refs = [t for t in result.targets if t.step is None]
+    drawn = [
+        t for t in result.targets if math.isfinite(t.reward.mean)
+    ]  # a target with no finished scenario: none
+    steps = sorted((t for t in drawn if t.step is not None), key=lambda t: t.step or 0)
+    refs = [t for t in drawn if t.step is None]
     if not steps and not refs:
         return "<p>No targets.</p>"
     values = [
