@@ -410,3 +410,15 @@ def test_the_engines_sequence_length_and_the_plan_reach_the_trainer(
     assert made[-1]["device"] == "cuda:2" and made[-1]["max_seq_len"] == 4096  # the engine's, as served
     assert made[-1]["gradient_checkpointing"] is True and made[-1]["dtype"] is torch.bfloat16
     assert made[-1]["logprob_chunk_tokens"] == 512  # the plan's decisions
+
+
+def test_one_cpu_engine_runs_in_one_process_fewer_and_cuda_or_scale_out_keeps_vllms_default() -> None:
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    assert VLLMServer(tiny_model_path()).environment()[key] == "0"  # one torch+vLLM import fewer at start-up
+    for config in (InferenceConfig(replicas=2), InferenceConfig(tensor_parallel_size=2)):
+        assert key not in VLLMServer(tiny_model_path(), config).environment()  # they need their processes
+    server = VLLMServer(tiny_model_path())
+    server.on_cuda = True
+    assert key not in server.environment()
+    operator = InferenceConfig(extra_env={key: "1"})  # an operator's setting wins
+    assert VLLMServer(tiny_model_path(), operator).environment()[key] == "1"

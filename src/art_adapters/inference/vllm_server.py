@@ -194,6 +194,10 @@ class VLLMServer:
         )
         if not self.on_cuda:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_gib:g}"
+            if self.config.replicas == 1 and self.config.tensor_parallel_size == 1:
+                # One engine process fewer: each imports torch and vLLM (~25 s on 2 cores), so the server is up
+                # in about 2/3 of the time (docs/benchmarks.md). CUDA keeps vLLM's default (its own process).
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # Unsloth's import sets PYTORCH_ALLOC_CONF (expandable segments) for the trainer; vLLM manages its own pool.
         env = without_import_settings(env)
         if self.config.gpu_ids:  # this process's logical ids, as the child must see them
