@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import threading
 import time
@@ -34,7 +33,8 @@ from ..redaction import Redactor, drop_secrets
 from ..trajectories import Trajectory
 from ..untrusted import is_loopback, names_loopback
 from ._foreign import RewardFn
-from .otel_genai import NO_MESSAGES, call_of, is_inference, trajectories_from_spans
+from ._otlp_pending import PendingTrace, log_key
+from .otel_genai import NO_MESSAGES, trajectories_from_spans
 from .otlp import (
     LogEvent,
     OTLPError,
@@ -42,52 +42,9 @@ from .otlp import (
     Span,
     decode_logs_request,
     decode_request,
-    join_logs,
 )
 
 log = logging.getLogger(__name__)
-
-
-class _Trace:
-    __slots__ = ("log_keys", "logs", "rooted", "seen", "spans")
-
-    def __init__(self, seen: float) -> None:
-        self.seen = seen  # when its last span or log arrived (monotonic)
-        self.spans: dict[str, Span] = {}  # span id -> span (a repeated id is the same span)
-        self.logs: list[LogEvent] = []  # log events of its spans, in arrival order
-        self.log_keys: set[str] = (
-            set()
-        )  # the timestamped ones already held (an exporter's retry sends them again)
-        self.rooted: float | None = None  # when its root came, while it waits for its calls' log events
-
-    def joined(self) -> list[Span]:
-        """Its spans, each with the log events of its span id appended to its own events."""
-        return join_logs(list(self.spans.values()), self.logs)
-
-    def unmatched_logs(self) -> int:  # log events whose span is not (yet) here
-        return sum(event["span_id"] not in self.spans for event in self.logs)
-
-    def has_messages(self) -> bool:
-        """Every inference span has messages in and an answer out, unless it failed (or it does not convert:
-        nothing to wait for)."""
-        for span in self.joined():
-            if is_inference(span):
-                try:
-                    call = call_of(span)
-                except Exception:  # noqa: BLE001 - _finish counts it; waiting will not mend it
-                    return True
-                if not call.request.get("messages") or (call.response is None and call.error is None):
-                    return False  # (a failed call has no answer to wait for)
-        return True
-
-
-def _log_key(event: LogEvent) -> str | None:
-    """What makes a log event the same one sent again (None for one without a timestamp: never deduplicated)."""
-    if not event["time_ns"]:
-        return None
-    return json.dumps(
-        [event["span_id"], event["name"], event["time_ns"], event["attributes"]], sort_keys=True, default=repr
-    )
 
 
 class OTLPEndpoint:
@@ -163,7 +120,7 @@ class OTLPEndpoint:
         self.skipped_no_messages = 0  # traces whose calls carried no message at all: no trajectory
         self.missing_rewards = 0  # trajectories made without a reward (flagged reward_missing, unless mapped)
         self.failed_traces = 0  # traces that did not convert (malformed, a redaction hook raised): skipped
-        self._pending: OrderedDict[str, _Trace] = OrderedDict()
+        self._pending: OrderedDict[str, PendingTrace] = OrderedDict()
         self._held = 0  # spans of all pending traces
         self._finished: OrderedDict[str, float] = OrderedDict()  # trace id -> when it completed (monotonic)
         self._done: list[Trajectory] = []
@@ -201,7 +158,7 @@ class OTLPEndpoint:
                 if trace_id in self._finished:
                     late += 1
                     continue
-                trace = self._pending.pop(trace_id, None) or _Trace(now)
+                trace = self._pending.pop(trace_id, None) or PendingTrace(now)
                 trace.seen = now
                 self._pending[trace_id] = trace  # the most recently active last
                 root = span["parent_span_id"] is None
@@ -239,10 +196,10 @@ class OTLPEndpoint:
                 if trace_id in self._finished:
                     self.late_logs += 1
                     continue
-                trace = self._pending.pop(trace_id, None) or _Trace(now)
+                trace = self._pending.pop(trace_id, None) or PendingTrace(now)
                 trace.seen = now
                 self._pending[trace_id] = trace
-                key = _log_key(event)
+                key = log_key(event)
                 if key is not None and key in trace.log_keys:
                     self.duplicate_logs += 1
                 elif len(trace.logs) >= self.max_spans_per_trace:
