@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         TinkerNativeBackend,
         UnsupportedBackendError,
     )
+    from .evaluation.harness import evaluate
     from .gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
     from .pipeline_tuner import PipelineRuntimeConfig
     from .ray import gather_on_ray
@@ -109,6 +110,7 @@ _LAZY = {
     "open_store": ".store",
     "OTLPEndpoint": ".tracing.otlp_endpoint",
     "PipelineRuntimeConfig": ".pipeline_tuner",
+    "evaluate": ".evaluation.harness",
 }
 
 
@@ -184,6 +186,7 @@ __all__ = [
     "trajectory_group",
     "trajectory_group_batches",
     "write_report",
+    "evaluate",
     "RecordingEndpoint",
     "LiveRecorder",
     "open_store",

@@ -58,6 +58,21 @@ async def publish_step(state: Registered, step: int) -> None:
         raise
 
 
+async def serve_checkpoint(state: Registered, step: int) -> str:
+    """Serve `checkpoints/{step}` as a version of its own without moving the model's names off the newest; returns
+    the name that reaches it. A step with no checkpoint is refused, naming those there are."""
+    from .. import checkpoints
+
+    path = checkpoints.checkpoint_dir(state.directory, step)
+    if not path.is_dir():
+        have = checkpoints.list_steps(state.directory)
+        raise ValueError(
+            f"model {state.model.name!r} has no checkpoint of step {step} (its checkpoints: {have})"
+        )
+    await state.gateway.publish(state.name, state.model.name, step, path)
+    return f"{state.name}@{step}"
+
+
 def required_lora_rank(base_model: Path, model: TrainableModel) -> int:
     """The `--max-lora-rank` serving this model's adapter needs (a trained lm_head ships as a rank-hidden delta)."""
     from ..training.adapter_io import vllm_max_lora_rank
