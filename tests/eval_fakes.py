@@ -5,7 +5,6 @@ The server speaks the real wire format over real HTTP; only which step answers w
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -88,9 +87,3 @@ async def rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
     choice = completion.choices[0]
     reward = 1.0 if choice.message.content == scenario["answer"] else 0.0
     return art.Trajectory(messages_and_choices=[*messages, choice], reward=reward)
-
-
-def request_key(request: dict[str, Any]) -> str:
-    """Which (target, scenario, seed) a request was: an attempt's fingerprint on the wire."""
-    text = f"{request['model']}|{request['messages'][-1]['content']}|{request.get('seed')}"
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -139,7 +139,7 @@ async def evaluate(
     fingerprint = {
         "model": model.name,
         "project": model.project,
-        "targets": [[t.label, t.model_name, t.base_url] for t in targets],
+        "targets": [[t.label, t.model_name] for t in targets],  # not the URL: a restarted engine moves port
         "scenarios": ids,
         "attempts": attempts,
         "sampling": asdict(settings),
