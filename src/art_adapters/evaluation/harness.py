@@ -110,7 +110,7 @@ async def evaluate(
     settings = Sampling.of(sampling)
     items = with_ids(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
     ids = [sid for sid, _ in items]
-    ks = _check_counts(attempts, pass_k, max_error_fraction, max_concurrent)
+    ks = check_counts(attempts, pass_k, max_error_fraction, max_concurrent)
     if success_threshold is not None and not math.isfinite(success_threshold):
         raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
     step_specs = check_steps(list(steps))
@@ -191,7 +191,7 @@ def write_result(result: EvalResult, path: str | Path) -> Path:
     return path
 
 
-def _check_counts(
+def check_counts(
     attempts: int, pass_k: Sequence[int] | None, max_error_fraction: float, max_concurrent: int
 ) -> list[int]:
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:

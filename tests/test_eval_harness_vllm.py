@@ -1,0 +1,65 @@
+"""art.evaluate on the tiny model behind real vLLM: step 0 (the untrained adapter) against a step trained through
+LocalBackend, each served as its own version; the evaluation's seeds give every rerun the same draws."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import art_adapters as art
+from art_adapters.inference import VLLMServer
+from fixtures_vllm import registered_on, sampled_group
+
+pytestmark = [pytest.mark.vllm, pytest.mark.train]
+aio = pytest.mark.asyncio(loop_scope="session")
+SCENARIOS = [{"id": f"s{i}", "prompt": p} for i, p in enumerate(["hi", "Say a number.", "weather?"])]
+SAMPLING = {"temperature": 1.0, "max_tokens": 6, "seed": 5}
+
+
+@aio
+async def test_step_0_against_a_trained_step(vllm_server: VLLMServer, tmp_path: Any) -> None:
+    served: list[tuple[str, str]] = []  # (the name the rollout asked for, the version that answered)
+
+    async def rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        messages = [{"role": "user", "content": scenario["prompt"]}]
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=messages, max_tokens=32, temperature=0.7
+        )
+        choice = completion.choices[0]
+        served.append((model.get_inference_name(), (choice.model_extra or {}).get("served_model")))
+        assert (
+            completion.usage.completion_tokens <= SAMPLING["max_tokens"]
+        )  # the evaluation's, not the rollout's
+        text = choice.message.content or ""
+        reward = sum(c < "n" for c in text) / max(len(text), 1)
+        return art.Trajectory(messages_and_choices=[*messages, choice], reward=reward)
+
+    async with registered_on(vllm_server, tmp_path, name="evaluated", project="eval") as (backend, model):
+        await model.train(
+            [await sampled_group(model, [0.0, 1.0, 0.3, 0.6])], config=art.TrainConfig(learning_rate=5e-3)
+        )
+        assert await model.get_step() == 1
+        result = await art.evaluate(model, rollout, SCENARIOS, attempts=2, sampling=SAMPLING, progress=False)
+        again = await art.evaluate(
+            model, rollout, SCENARIOS, attempts=2, steps=[0], sampling=SAMPLING, progress=False
+        )
+        assert model.get_inference_name() == "eval/evaluated"  # the user's model still names the newest
+
+    assert [t.target for t in result.targets] == ["step 0", "step 1"]
+    assert all(a.error is None and math.isfinite(a.reward) for a in result.attempts)
+    assert {t.scenarios for t in result.targets} == {len(SCENARIOS)}
+    (comparison,) = result.comparisons
+    changes = comparison.changes
+    assert len(changes.improved) + len(changes.same) + len(changes.worse) == len(SCENARIOS)
+    assert math.isfinite(comparison.diff.mean)
+    # each step answered from its own version on the one engine
+    assert {pair for pair in served} == {
+        ("eval/evaluated@0", "eval/evaluated@0"),
+        ("eval/evaluated@1", "eval/evaluated@1"),
+    }
+    # the same seeds per (scenario, attempt): a rerun of step 0 draws exactly the same answers
+    first = {(a.scenario_id, a.attempt): a.messages for a in result.attempts if a.target == "step 0"}
+    rerun = {(a.scenario_id, a.attempt): a.messages for a in again.attempts}
+    assert first == rerun
