@@ -230,3 +230,34 @@ def test_scenario_files(tmp_path: Path) -> None:
         load_scenarios(tmp_path / "bad.jsonl")
     with pytest.raises(ScenarioError, match="does not exist"):
         load_scenarios(tmp_path / "missing.jsonl")
+
+
+async def test_a_decorated_rollout_with_its_own_client_runs_unchanged() -> None:
+    """A `wrap_rollout` agent that builds its own client and names the model itself (as agents written for
+    training do): its requests reach each target, with the evaluation's sampling."""
+    import openai
+
+    from art_adapters.adapters import wrap_rollout
+
+    with ScriptedServer(grader(TRAINED)) as server:
+        model = await registered(server)
+        agent_client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key="k", max_retries=0)
+
+        @wrap_rollout(model)
+        async def agent(_: art.Model, scenario: dict[str, Any]) -> float:
+            answer = await agent_client.chat.completions.create(
+                model=f"{PROJECT}/{NAME}",  # hard-coded: the model's name, as in training
+                messages=[{"role": "user", "content": scenario["question"]}],
+                temperature=1.0,
+            )
+            return 1.0 if answer.choices[0].message.content == scenario["answer"] else 0.0
+
+        result = await art.evaluate(
+            model, agent, QUESTIONS, attempts=2, sampling={"temperature": 0.25}, progress=False
+        )
+        await agent_client.close()
+        requests = list(server.requests)
+    assert sorted(result.comparisons[0].changes.improved) == sorted(IMPROVED)
+    assert {r["model"] for r in requests} == {f"{PROJECT}/{NAME}@0", f"{PROJECT}/{NAME}@{TRAINED}"}
+    assert {r["temperature"] for r in requests} == {0.25}
+    assert all(a.messages for a in result.attempts)  # the captured conversation
