@@ -53,21 +53,21 @@ def question_of(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def grader(trained_step: int, delay_s: float = 0.0):
-    """A responder: step 0 answers BASE_RIGHT right, `trained_step` also IMPROVED; both answer COIN right exactly
-    when the seed is even; everything else wrong. Another model name is a server error."""
+    """A responder: steps below `trained_step` answer BASE_RIGHT right, later steps also IMPROVED; every step answers
+    COIN right exactly when the seed is even; everything else wrong. "reference-model" answers all right."""
 
     def respond(request: dict[str, Any]) -> Reply:
         if delay_s:
             time.sleep(delay_s)
         question = question_of(request)
-        model = request["model"]
-        qid = question["id"]
-        if model in (f"{PROJECT}/{NAME}@0", f"{PROJECT}/{NAME}@1"):  # step 1 learnt nothing yet
-            right = qid in BASE_RIGHT
-        elif model == f"{PROJECT}/{NAME}@{trained_step}":
-            right = qid in BASE_RIGHT | IMPROVED
-        elif model == "reference-model":
+        model, qid = request["model"], question["id"]
+        prefix = f"{PROJECT}/{NAME}@"
+        if model == "reference-model":
             right = True
+        elif model.startswith(prefix) and model[len(prefix) :].isdigit():
+            right = qid in (
+                BASE_RIGHT | IMPROVED if int(model[len(prefix) :]) >= trained_step else BASE_RIGHT
+            )
         else:
             raise AssertionError(f"unexpected model {model!r}")
         if qid == COIN:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         UnsupportedBackendError,
     )
     from .evaluation.harness import evaluate
+    from .evaluation.periodic import Evaluation
     from .gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
     from .pipeline_tuner import PipelineRuntimeConfig
     from .ray import gather_on_ray
@@ -111,6 +112,7 @@ _LAZY = {
     "OTLPEndpoint": ".tracing.otlp_endpoint",
     "PipelineRuntimeConfig": ".pipeline_tuner",
     "evaluate": ".evaluation.harness",
+    "Evaluation": ".evaluation.periodic",
 }
 
 
@@ -187,6 +189,7 @@ __all__ = [
     "trajectory_group_batches",
     "write_report",
     "evaluate",
+    "Evaluation",
     "RecordingEndpoint",
     "LiveRecorder",
     "open_store",

@@ -10,6 +10,7 @@ _NAMES = {
     "Reference": ".targets",
     "EvalResult": ".results",
     "Attempt": ".results",
+    "Evaluation": ".periodic",
 }
 
 
