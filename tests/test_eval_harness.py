@@ -261,3 +261,79 @@ async def test_a_decorated_rollout_with_its_own_client_runs_unchanged() -> None:
     assert {r["model"] for r in requests} == {f"{PROJECT}/{NAME}@0", f"{PROJECT}/{NAME}@{TRAINED}"}
     assert {r["temperature"] for r in requests} == {0.25}
     assert all(a.messages for a in result.attempts)  # the captured conversation
+
+
+async def test_a_hung_attempt_times_out_as_an_error_and_sync_rollouts_run() -> None:
+    import asyncio
+
+    import openai
+
+    from art_adapters.adapters import wrap_rollout
+
+    async def hangs_on_q2(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        if scenario["id"] == "q2":
+            await asyncio.Event().wait()
+        return await rollout(model, scenario)
+
+    with ScriptedServer(grader(TRAINED)) as server:
+        model = await registered(server)
+        result = await art.evaluate(
+            model, hangs_on_q2, QUESTIONS[:4], attempt_timeout_s=0.5, max_error_fraction=0.5, progress=False
+        )
+        hung = [a for a in result.attempts if a.error]
+        assert {a.scenario_id for a in hung} == {"q2"} and len(hung) == 2
+        assert all(a.error == "TimeoutError: the attempt ran longer than 0.5 s" for a in hung)
+
+        client = openai.OpenAI(base_url=model.inference_base_url, api_key="k", max_retries=0)
+
+        @wrap_rollout(model)
+        def sync_agent(_: art.Model, scenario: dict[str, Any]) -> float:  # a sync agent: run in a thread
+            answer = client.chat.completions.create(
+                model=f"{PROJECT}/{NAME}", messages=[{"role": "user", "content": scenario["question"]}]
+            )
+            return 1.0 if answer.choices[0].message.content == scenario["answer"] else 0.0
+
+        synced = await art.evaluate(model, sync_agent, QUESTIONS, sampling={"seed": 3}, progress=False)
+        client.close()
+    assert sorted(synced.comparisons[0].changes.improved) == sorted(IMPROVED)
+
+
+async def test_serve_checkpoint_publishes_an_old_step_or_names_those_there(tmp_path: Path) -> None:
+    import asyncio
+
+    from art_adapters.backend.serving import Registered, serve_checkpoint
+
+    published: list[tuple[str, str, int, Path]] = []
+
+    class Gateway:
+        async def publish(self, key: str, name: str, step: int, path: Path) -> str:
+            published.append((key, name, step, path))
+            return f"{key}@{step}"
+
+    for step in (0, 4):
+        (tmp_path / "checkpoints" / f"{step:04d}").mkdir(parents=True)
+    model = art.TrainableModel(name=NAME, project=PROJECT, base_model="tiny")
+    state = Registered(model, tmp_path, None, Gateway(), None, 4, asyncio.Lock())  # type: ignore[arg-type]
+    assert await serve_checkpoint(state, 0) == f"{PROJECT}/{NAME}@0"
+    assert published == [(f"{PROJECT}/{NAME}", NAME, 0, tmp_path / "checkpoints" / "0000")]
+    with pytest.raises(ValueError, match=r"no checkpoint of step 2 \(its checkpoints: \[0, 4\]\)"):
+        await serve_checkpoint(state, 2)
+
+
+def test_the_progress_bar_counts_attempts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    import art_adapters.progress as progress
+
+    monkeypatch.setattr(progress, "live_display", lambda: True)
+
+    async def run() -> None:
+        with ScriptedServer(grader(TRAINED)) as server:
+            model = await registered(server)
+            await art.evaluate(model, rollout, QUESTIONS[:3], attempts=2)
+
+    asyncio.run(run())
+    err = capsys.readouterr().err
+    assert "evaluate" in err and "12/12" in err

@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--success-threshold", type=float, default=None)
     p.add_argument("--max-error-fraction", type=float, default=0.1)
     p.add_argument("--max-concurrent", type=int, default=32)
+    p.add_argument(
+        "--attempt-timeout", type=float, default=600.0, help="seconds before an attempt counts as an error"
+    )
     p.add_argument("--split", default="val")
     p.add_argument(
         "--resume",
@@ -149,6 +152,7 @@ async def run(args: argparse.Namespace) -> EvalResult:
         "success_threshold": args.success_threshold,
         "max_error_fraction": args.max_error_fraction,
         "max_concurrent": args.max_concurrent,
+        "attempt_timeout_s": args.attempt_timeout,
         "resume": resume,
         "output": args.output,
     }

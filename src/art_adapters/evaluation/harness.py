@@ -88,6 +88,7 @@ async def evaluate(
     pass_k: Sequence[int] | None = None,
     comparisons: Sequence[tuple[str, str]] | None = None,
     max_concurrent: int = 32,
+    attempt_timeout_s: float | None = 600.0,
     resume: str | Path | None = None,
     output: str | Path | None = None,
     progress: bool = True,
@@ -103,7 +104,8 @@ async def evaluate(
     rollout, `init_chat_model`). `train_ids`: the training scenarios' ids; any evaluated one warns and marks the
     result not held out. `success_threshold`: reward >= it is a success (without it, 0/1 rewards are booleans).
     `pass_k`: the k of pass@k (default every k <= attempts). `comparisons`: (a, b) target labels, diff = b - a
-    (default: every later step against the first, the newest step against each reference). More than
+    (default: every later step against the first, the newest step against each reference). An attempt still
+    running after `attempt_timeout_s` is cancelled and counted as an error (None: no bound). More than
     `max_error_fraction` of attempts failing raises EvaluationError from the first failure. `resume`: a JSONL file
     each finished attempt is appended to; a rerun skips those. `output`: the result as JSON. `split`: the name the
     result is recorded under."""
@@ -111,6 +113,12 @@ async def evaluate(
     items = with_ids(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
     ids = [sid for sid, _ in items]
     ks = check_counts(attempts, pass_k, max_error_fraction, max_concurrent)
+    if attempt_timeout_s is not None and not (
+        isinstance(attempt_timeout_s, int | float)
+        and math.isfinite(attempt_timeout_s)
+        and attempt_timeout_s > 0
+    ):
+        raise ValueError(f"attempt_timeout_s must be a number > 0 or None, not {attempt_timeout_s!r}")
     if success_threshold is not None and not math.isfinite(success_threshold):
         raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
     step_specs = check_steps(list(steps))
@@ -148,6 +156,7 @@ async def evaluate(
     done = log.open() if log is not None else {}
     total = attempts * len(items) * len(targets)
     run = _Run(model, rollout, targets, settings, sampling is not None, log, max_error_fraction, total)
+    run.timeout_s = attempt_timeout_s
     run.results.update(done)
     todo = [
         (target, sid, scenario, a)
@@ -257,6 +266,7 @@ class _Run:
         self.errors = sum(1 for a in self.results.values() if a.error is not None)
         self.first_error: BaseException | None = None
         self.warned_bypass = False
+        self.timeout_s: float | None = None
 
     async def all(
         self, todo: list[tuple[Target, str, Any, int]], limit: int, progress: bool, initial: int
@@ -312,8 +322,13 @@ class _Run:
         error: BaseException | None = None
         trajectory: Trajectory | None = None
         with request_override(override):
+            deadline = asyncio.timeout(self.timeout_s)
             try:
-                trajectory = await self._call(self.views[target.label], scenario)
+                async with deadline:
+                    trajectory = await self._call(self.views[target.label], scenario)
+            except TimeoutError as late:
+                expired = deadline.expired()
+                error = TimeoutError(f"the attempt ran longer than {self.timeout_s:g} s") if expired else late
             except TypeError as wrong:
                 if getattr(wrong, "unusable_rollout", False):
                     raise

@@ -76,11 +76,11 @@ def check_steps(steps: list[StepSpec]) -> list[StepSpec]:
 async def step_targets(model: TrainableModel, steps: list[StepSpec]) -> list[Target]:
     """A target per distinct step, served on the model's engine; a step with no checkpoint is refused."""
     backend = model.backend()  # an unregistered model fails here, naming the fix
-    latest = await model.get_step()
+    latest = (
+        await model.get_step()
+    )  # the step the backend serves as newest (a checkpoint being written is not)
     served = isinstance(backend, ServesSteps)
     available = sorted(await backend.checkpoint_steps(model)) if served else [latest]  # type: ignore[union-attr]
-    if available:
-        latest = max(latest, available[-1])
     numbers: list[int] = []
     for step in steps:
         number = latest if step == "latest" else int(step)
