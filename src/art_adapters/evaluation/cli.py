@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument(
-        "--seed", type=int, default=0, help="base of the per-(scenario, attempt) seeds (default 0)"
+        "--seed", type=int, default=None, help="base of the per-(scenario, attempt) seeds (default 0)"
     )
     p.add_argument(
         "--reference",
@@ -106,6 +106,18 @@ def _references(values: list[str]) -> list[Any]:
     return out
 
 
+def _sampling(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The sampling settings given on the command line (None: none, the evaluation's defaults)."""
+    given = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    return given or None
+
+
 def _base_model(args: argparse.Namespace) -> str:
     if args.base_model:
         return args.base_model
@@ -141,12 +153,7 @@ async def run(args: argparse.Namespace) -> EvalResult:
         "attempts": args.attempts,
         "steps": [s.strip() for s in args.steps.split(",") if s.strip()],
         "split": args.split,
-        "sampling": {
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "max_tokens": args.max_tokens,
-            "seed": args.seed,
-        },
+        "sampling": _sampling(args),
         "references": _references(args.reference),
         "train_ids": train_ids,
         "success_threshold": args.success_threshold,
@@ -179,7 +186,7 @@ def _check_before_start(args: argparse.Namespace, scenarios: list[Any], model: A
 
     with_ids(scenarios)
     check_counts(args.attempts, None, args.max_error_fraction, args.max_concurrent)
-    Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed)
+    Sampling.of(_sampling(args))
     steps = check_steps([s.strip() for s in args.steps.split(",") if s.strip()])
     if not args.backend_url:
         from .. import checkpoints
