@@ -193,6 +193,8 @@ async def test_train_ids_mark_the_result_not_held_out() -> None:
             "ART_EVAL_NO_SUCH_KEY",
         ),
         ({"max_error_fraction": 2}, "max_error_fraction must be in"),
+        ({"split": "../val"}, "split name '../val' must match"),
+        ({"attempt_timeout_s": 0}, "attempt_timeout_s must be a number > 0"),
     ],
 )
 async def test_bad_input_is_refused_before_any_rollout(

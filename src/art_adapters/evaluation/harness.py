@@ -19,6 +19,7 @@ from typing import Any
 from ..capture.overrides import RequestOverride, request_override
 from ..model import Model, TrainableModel
 from ..trajectories import Trajectory, TrajectoryGroup
+from ..untrusted import check_name
 from .results import Attempt, EvalResult
 from .resume import AttemptKey, AttemptLog
 from .scenarios import load_scenarios, with_ids
@@ -110,6 +111,7 @@ async def evaluate(
     each finished attempt is appended to; a rerun skips those. `output`: the result as JSON. `split`: the name the
     result is recorded under."""
     settings = Sampling.of(sampling)
+    check_name("split", split)  # it names metrics and files
     items = with_ids(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
     ids = [sid for sid, _ in items]
     ks = check_counts(attempts, pass_k, max_error_fraction, max_concurrent)
