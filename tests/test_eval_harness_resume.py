@@ -50,7 +50,7 @@ def kill_midway(base_url: str, resume: Path, after: int) -> int:
 
 async def test_resume_after_sigkill_redoes_nothing(tmp_path: Path) -> None:
     resume = tmp_path / "attempts.jsonl"
-    with ScriptedServer(grader(3, delay_s=0.05)) as server:
+    with ScriptedServer(grader(3, delay_s=0.2)) as server:
         assert kill_midway(server.base_url, resume, after=12) == -signal.SIGKILL
     done = finished_lines(resume)
     assert 12 <= len(done) < TOTAL
