@@ -63,3 +63,62 @@ async def test_step_0_against_a_trained_step(vllm_server: VLLMServer, tmp_path: 
     first = {(a.scenario_id, a.attempt): a.messages for a in result.attempts if a.target == "step 0"}
     rerun = {(a.scenario_id, a.attempt): a.messages for a in again.attempts}
     assert first == rerun
+
+
+@aio
+async def test_a_langgraph_agent_through_its_unchanged_decorator(
+    vllm_server: VLLMServer, tmp_path: Any
+) -> None:
+    """A LangGraph agent on its own ChatOpenAI (the model's name hard-coded, as when it was trained), decorated
+    with `art.langgraph.wrap_rollout`: each step's attempts are answered by that step's version."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from art_adapters.langgraph import wrap_rollout
+
+    async with registered_on(vllm_server, tmp_path, name="graph", project="eval") as (backend, model):
+        await model.train(
+            [await sampled_group(model, [0.0, 1.0, 0.3, 0.6])], config=art.TrainConfig(learning_rate=5e-3)
+        )
+        llm = ChatOpenAI(
+            base_url=model.inference_base_url,
+            api_key=model.inference_api_key,
+            model="eval/graph",
+            max_tokens=32,
+            max_retries=0,
+        )
+
+        async def agent(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [await llm.ainvoke(state["messages"])]}
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("agent", agent)
+        graph.add_edge(START, "agent")
+        compiled = graph.compile()
+
+        @wrap_rollout(model)
+        async def graph_rollout(_: art.Model, scenario: dict[str, Any]) -> float:
+            result = await compiled.ainvoke({"messages": [HumanMessage(scenario["prompt"])]})
+            text = str(result["messages"][-1].content)
+            return sum(c < "n" for c in text) / max(len(text), 1)
+
+        versions: list[tuple[str | None, str | None]] = []
+
+        async def observed(view: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+            trajectory = await graph_rollout(view, scenario)
+            versions.append((view.get_inference_name(), trajectory.llm_calls[0].served_model))
+            return trajectory
+
+        result = await art.evaluate(
+            model,
+            observed,
+            SCENARIOS[:2],
+            attempts=2,
+            sampling={"temperature": 0, "max_tokens": 4},
+            progress=False,
+        )
+    assert [t.target for t in result.targets] == ["step 0", "step 1"]
+    assert all(a.error is None for a in result.attempts)
+    assert set(versions) == {("eval/graph@0", "eval/graph@0"), ("eval/graph@1", "eval/graph@1")}
