@@ -306,7 +306,10 @@ async def test_a_hung_attempt_times_out_as_an_error_and_sync_rollouts_run() -> N
 async def test_serve_checkpoint_publishes_an_old_step_or_names_those_there(tmp_path: Path) -> None:
     import asyncio
 
-    from art_adapters.backend.serving import Registered, serve_checkpoint
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from art_adapters.backend.serving import Registered, servable_steps, serve_checkpoint
 
     published: list[tuple[str, str, int, Path]] = []
 
@@ -315,14 +318,35 @@ async def test_serve_checkpoint_publishes_an_old_step_or_names_those_there(tmp_p
             published.append((key, name, step, path))
             return f"{key}@{step}"
 
+    assert servable_steps(tmp_path) == []
+    layer = "base_model.model.model.layers.0.self_attn.q_proj"
     for step in (0, 4):
-        (tmp_path / "checkpoints" / f"{step:04d}").mkdir(parents=True)
+        folder = tmp_path / "checkpoints" / f"{step:04d}"
+        folder.mkdir(parents=True)
+        tensors = {f"{layer}.lora_A.weight": torch.randn(8, 16), f"{layer}.lora_B.weight": torch.randn(16, 8)}
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text('{"r": 8}')
     model = art.TrainableModel(name=NAME, project=PROJECT, base_model="tiny")
     state = Registered(model, tmp_path, None, Gateway(), None, 4, asyncio.Lock())  # type: ignore[arg-type]
     assert await serve_checkpoint(state, 0) == f"{PROJECT}/{NAME}@0"
-    assert published == [(f"{PROJECT}/{NAME}", NAME, 0, tmp_path / "checkpoints" / "0000")]
+    assert published[-1] == (f"{PROJECT}/{NAME}", NAME, 0, tmp_path / "checkpoints" / "0000")
     with pytest.raises(ValueError, match=r"no checkpoint of step 2 \(its checkpoints: \[0, 4\]\)"):
         await serve_checkpoint(state, 2)
+
+    # step 0's checkpoint deleted (delete_checkpoints keeps the latest and the best): the base model is still
+    # served, as the newest adapter with a zero update
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints" / "0000")
+    assert servable_steps(tmp_path) == [0, 4]
+    assert await serve_checkpoint(state, 0) == f"{PROJECT}/{NAME}@0"
+    base = tmp_path / "base-adapter"
+    assert published[-1] == (f"{PROJECT}/{NAME}", NAME, 0, base)
+    zeroed = load_file(str(base / "adapter_model.safetensors"))
+    newest = load_file(str(tmp_path / "checkpoints" / "0004" / "adapter_model.safetensors"))
+    assert torch.equal(zeroed[f"{layer}.lora_A.weight"], newest[f"{layer}.lora_A.weight"])
+    assert not zeroed[f"{layer}.lora_B.weight"].any() and newest[f"{layer}.lora_B.weight"].any()
+    assert (base / "adapter_config.json").read_text() == '{"r": 8}'
 
 
 def test_the_progress_bar_counts_attempts(

@@ -15,7 +15,7 @@ from ..model_log import all_trajectories, best_step, record_log, rollout_metrics
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
-from .serving import Registered, publish_step, required_lora_rank, serve_checkpoint
+from .serving import Registered, publish_step, required_lora_rank, servable_steps, serve_checkpoint
 from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
@@ -318,10 +318,8 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         return deleted
 
     async def checkpoint_steps(self, model: TrainableModel) -> list[int]:
-        """The steps of the model's checkpoints on disk (each can be served with `serve_step`)."""
-        from .. import checkpoints
-
-        return checkpoints.list_steps(self.model_dir(model))
+        """The steps `serve_step` can serve: each checkpoint on disk, and step 0 (the base model) always."""
+        return servable_steps(self.model_dir(model))
 
     async def serve_step(self, model: TrainableModel, step: int) -> str:
         """Serve checkpoint `step` as its own version beside the newest (which stays the model's name); returns

@@ -189,9 +189,9 @@ def _check_before_start(args: argparse.Namespace, scenarios: list[Any], model: A
     Sampling.of(_sampling(args))
     steps = check_steps([s.strip() for s in args.steps.split(",") if s.strip()])
     if not args.backend_url:
-        from .. import checkpoints
+        from ..backend.serving import servable_steps
 
-        have = checkpoints.list_steps(Path(args.path) / args.project / "models" / args.model)
+        have = servable_steps(Path(args.path) / args.project / "models" / args.model)
         missing = [s for s in steps if isinstance(s, int) and s not in have]
         if missing or not have:
             raise ValueError(
