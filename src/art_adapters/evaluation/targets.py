@@ -3,7 +3,8 @@ model's one engine, and reference models behind any OpenAI-compatible endpoint; 
 model that the unchanged rollout receives (its inference name, endpoint and client point at the target).
 
 Step 0 is the model before training: its step-0 checkpoint, LoRA's initial adapter, whose update is zero, so it
-answers exactly as the base model does. "latest" is the newest checkpoint. A backend that can serve older
+answers exactly as the base model does (LocalBackend rebuilds it when that checkpoint was deleted). "latest" is the
+step the backend serves as newest. A backend that can serve older
 versions (`LocalBackend`: `checkpoint_steps` and `serve_step`) serves any checkpointed step; another backend
 serves only its newest."""
 
