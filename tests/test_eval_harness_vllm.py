@@ -46,6 +46,11 @@ async def test_step_0_against_a_trained_step(vllm_server: VLLMServer, tmp_path: 
             model, rollout, SCENARIOS, attempts=2, steps=[0], sampling=SAMPLING, progress=False
         )
         assert model.get_inference_name() == "eval/evaluated"  # the user's model still names the newest
+        # ART's delete_checkpoints() keeps the latest and the best: step 0's checkpoint goes, the base model stays
+        assert await model.delete_checkpoints() == [0]
+        rebuilt = await art.evaluate(
+            model, rollout, SCENARIOS, attempts=2, steps=[0], sampling=SAMPLING, progress=False
+        )
 
     assert [t.target for t in result.targets] == ["step 0", "step 1"]
     assert all(a.error is None and math.isfinite(a.reward) for a in result.attempts)
@@ -63,6 +68,8 @@ async def test_step_0_against_a_trained_step(vllm_server: VLLMServer, tmp_path: 
     first = {(a.scenario_id, a.attempt): a.messages for a in result.attempts if a.target == "step 0"}
     rerun = {(a.scenario_id, a.attempt): a.messages for a in again.attempts}
     assert first == rerun
+    # the base model served again from the newest adapter with a zero update: the same answers, draw for draw
+    assert {(a.scenario_id, a.attempt): a.messages for a in rebuilt.attempts} == first
 
 
 @aio
