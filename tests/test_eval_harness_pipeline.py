@@ -11,6 +11,7 @@ import pytest
 import art_adapters as art
 from art_adapters import checkpoints
 from art_adapters.backend.base import InferenceEndpoint
+from art_adapters.evaluation import Reference
 from art_adapters.pipeline import PipelineConfig, train_async
 from art_adapters.pipeline_trainer import PipelineTrainer
 from art_adapters.testing import ScriptedServer
@@ -51,7 +52,12 @@ async def test_train_async_with_an_evaluation(tmp_path: Path) -> None:
         backend = ServingTimedBackend(tmp_path, server.base_url)
         model = art.TrainableModel(name=NAME, project=PROJECT, base_model="tiny")
         await model.register(backend)
-        evaluation = art.Evaluation(rollout, QUESTIONS, attempts=2, sampling={"temperature": 0.5})
+        reference = Reference(
+            model="reference-model", base_url=server.base_url, api_key_env=None, label="big"
+        )
+        evaluation = art.Evaluation(
+            rollout, QUESTIONS, attempts=2, sampling={"temperature": 0.5}, references=[reference]
+        )
         await train_async(
             model,
             Rollouts(backend),
@@ -60,11 +66,16 @@ async def test_train_async_with_an_evaluation(tmp_path: Path) -> None:
             eval=evaluation,
         )
         baseline_requests = [r for r in server.requests if r["model"].endswith("@0")]
+        reference_requests = [r for r in server.requests if r["model"] == "reference-model"]
     assert sorted(evaluation.results) == [0, 1, 2]
-    assert len(baseline_requests) == 2 * len(QUESTIONS)  # step 0 is evaluated once and kept
+    # step 0 and the reference do not change during training: evaluated once and kept
+    assert len(baseline_requests) == len(reference_requests) == 2 * len(QUESTIONS)
     two = evaluation.results[2]
-    assert [t.target for t in two.targets] == ["step 0", "step 2"]
+    assert [t.target for t in two.targets] == ["step 0", "step 2", "big"]
+    assert [(c.a, c.b) for c in two.comparisons] == [("step 0", "step 2"), ("big", "step 2")]
     assert sorted(two.comparisons[0].changes.improved) == sorted(IMPROVED)
+    assert len(two.attempts) == 3 * 2 * len(QUESTIONS)
+    assert [(c.a, c.b) for c in evaluation.results[0].comparisons] == [("big", "step 0")]
     rows = history(backend)
     assert sorted(rows) == [0, 1, 2]
     assert rows[2]["val/gain"] == pytest.approx(len(IMPROVED) / len(QUESTIONS))

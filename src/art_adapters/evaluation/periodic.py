@@ -38,6 +38,9 @@ class Evaluation:
     output_dir: str | Path | None = None
     results: dict[int, EvalResult] = field(default_factory=dict, init=False)
     _baseline: tuple[TargetSummary, list[Attempt]] | None = field(default=None, init=False, repr=False)
+    _kept_references: list[tuple[TargetSummary, list[Attempt]]] = field(
+        default_factory=list, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         """Bad settings fail when the run is set up, not at its first evaluation."""
@@ -58,36 +61,42 @@ class Evaluation:
         await model.log(None, split=self.split, metrics=step_metrics(result, step), step=step)
 
     async def run(self, model: TrainableModel, step: int) -> EvalResult:
-        """`step` evaluated (and the baseline, the first time), with the comparison to the baseline."""
-        again = self.baseline is not None and self.baseline != step and self._baseline is None
+        """`step` evaluated, with its comparisons to the baseline and the references. The baseline and the
+        references do not change during training: they are evaluated once, the first time, and kept."""
+        baseline = self.baseline if self.baseline != step else None
+        new_baseline = baseline is not None and self._baseline is None
+        new_references = bool(self.references) and not self._kept_references
         result = await evaluate(
             model,
             self.rollout,
             self.scenarios,  # type: ignore[arg-type]
             attempts=self.attempts,
-            steps=[self.baseline, step] if again else [step],  # type: ignore[list-item]
+            steps=[baseline, step] if new_baseline else [step],  # type: ignore[list-item]
             split=self.split,
             sampling=self.sampling,
-            references=self.references,
+            references=self.references if new_references else (),
             train_ids=self.train_ids,
             success_threshold=self.success_threshold,
             max_error_fraction=self.max_error_fraction,
             progress=False,
         )
-        if self.baseline is not None:
-            label = step_label(self.baseline)
-            if again or step == self.baseline:
-                kept = [a for a in result.attempts if a.target == label]
-                self._baseline = (result.target(label), kept)
-            elif self._baseline is not None:
-                summary, kept = self._baseline
-                ids = [sid for sid, _ in with_ids(self.scenarios)]  # type: ignore[arg-type]
-                result.attempts = kept + result.attempts
-                result.targets = [summary, *result.targets]
-                result.comparisons = [
-                    comparison(result.attempts, label, step_label(step), ids),
-                    *result.comparisons,
-                ]
+        if self.baseline == step or new_baseline:  # keep what does not change
+            label = step_label(self.baseline)  # type: ignore[arg-type]
+            self._baseline = (result.target(label), [a for a in result.attempts if a.target == label])
+        if new_references:
+            for target in result.targets:
+                if target.step is None:
+                    kept = [a for a in result.attempts if a.target == target.target]
+                    self._kept_references.append((target, kept))
+        else:  # the kept ones join this step's result, compared with it as art.evaluate would
+            ids = [sid for sid, _ in with_ids(self.scenarios)]  # type: ignore[arg-type]
+            kept_targets = [(self._baseline, True)] if baseline is not None and not new_baseline else []
+            kept_targets += [(kept, False) for kept in self._kept_references]
+            for (summary, attempts), first in kept_targets:
+                result.attempts = [*attempts, *result.attempts] if first else [*result.attempts, *attempts]
+                result.targets = [summary, *result.targets] if first else [*result.targets, summary]
+            pairs = [(t.target, step_label(step)) for t in result.targets if t.target != step_label(step)]
+            result.comparisons = [comparison(result.attempts, a, b, ids) for a, b in pairs]
         self.results[step] = result
         if self.output_dir is not None:
             write_result(result, Path(self.output_dir) / f"step-{step:04d}.json")
