@@ -57,6 +57,8 @@ if TYPE_CHECKING:
         TinkerNativeBackend,
         UnsupportedBackendError,
     )
+    from .evaluation.harness import evaluate
+    from .evaluation.periodic import Evaluation
     from .gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
     from .pipeline_tuner import PipelineRuntimeConfig
     from .ray import gather_on_ray
@@ -109,6 +111,8 @@ _LAZY = {
     "open_store": ".store",
     "OTLPEndpoint": ".tracing.otlp_endpoint",
     "PipelineRuntimeConfig": ".pipeline_tuner",
+    "evaluate": ".evaluation.harness",
+    "Evaluation": ".evaluation.periodic",
 }
 
 
@@ -184,6 +188,8 @@ __all__ = [
     "trajectory_group",
     "trajectory_group_batches",
     "write_report",
+    "evaluate",
+    "Evaluation",
     "RecordingEndpoint",
     "LiveRecorder",
     "open_store",

@@ -1,4 +1,4 @@
-"""The `art-adapters` command: demo | serve | import | doctor | plan | report | tiny-model."""
+"""The `art-adapters` command: demo | serve | import | doctor | plan | eval | report | tiny-model."""
 
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
 
+    commands.add_parser(
+        "eval",
+        help="did training help? the same rollout over scenarios x attempts x steps, with intervals (see `eval --help`)",
+        add_help=False,
+    )
+
     report = commands.add_parser("report", help="write an HTML report (and PNG curves) of a model's run")
     report.add_argument("model_dir", help="e.g. .art/my-project/models/my-model")
     report.add_argument("--out", default=None, help="output HTML file (default: MODEL_DIR/report.html)")
@@ -104,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from .plan_cli import plan_command
 
         return plan_command(argv[1:])
+    if argv[:1] == ["eval"]:
+        from .evaluation.cli import eval_command
+
+        return eval_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo.run import run_demo_command

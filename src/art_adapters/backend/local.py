@@ -15,7 +15,7 @@ from ..model_log import all_trajectories, best_step, record_log, rollout_metrics
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
-from .serving import Registered, publish_step, required_lora_rank
+from .serving import Registered, publish_step, required_lora_rank, servable_steps, serve_checkpoint
 from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
@@ -316,6 +316,15 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         if state is not None and deleted:
             await state.gateway.forget(state.name, deleted)
         return deleted
+
+    async def checkpoint_steps(self, model: TrainableModel) -> list[int]:
+        """The steps `serve_step` can serve: each checkpoint on disk, and step 0 (the base model) always."""
+        return servable_steps(self.model_dir(model))
+
+    async def serve_step(self, model: TrainableModel, step: int) -> str:
+        """Serve checkpoint `step` as its own version beside the newest (which stays the model's name); returns
+        the name that reaches it (`{project}/{name}@{step}`). An evaluation's way to any step."""
+        return await serve_checkpoint(self._registered(model), step)
 
     async def close(self) -> None:
         """Stop the servers this backend started (not those given to `use_server`, whose gateways only stop

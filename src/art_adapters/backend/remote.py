@@ -145,6 +145,18 @@ class RemoteBackend(ARTTraining):
         body = {"model": _payload(model), "best_checkpoint_metric": best_checkpoint_metric}
         return [int(s) for s in (await self._post("/models/delete_checkpoints", body))["deleted"]]
 
+    async def checkpoint_steps(self, model: TrainableModel) -> list[int]:
+        """The steps of the model's checkpoints on the server (each can be served with `serve_step`)."""
+        return [
+            int(s)
+            for s in (await self._post("/models/checkpoint_steps", {"model": _payload(model)}))["steps"]
+        ]
+
+    async def serve_step(self, model: TrainableModel, step: int) -> str:
+        """Have the server serve checkpoint `step` as its own version; returns the name that reaches it."""
+        body = {"model": _payload(model), "step": step}
+        return str((await self._post("/models/serve_step", body))["name"])
+
     async def health(self) -> dict[str, Any]:
         return await self._call("GET", "/health")
 

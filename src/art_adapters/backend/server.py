@@ -94,6 +94,10 @@ class LogRequest(BaseModel):
     step: int | None = Field(default=None, ge=0)
 
 
+class StepRequest(ModelRequest):
+    step: int = Field(ge=0)
+
+
 class DeleteRequest(ModelRequest):
     best_checkpoint_metric: str | None = None
 
@@ -285,6 +289,17 @@ def create_app(
             deleted = await _checked(backend.delete_checkpoints(model, body.best_checkpoint_metric))
         return {"deleted": list(deleted)}
 
+    @app.post("/models/checkpoint_steps")
+    async def checkpoint_steps(body: ModelRequest) -> dict[str, list[int]]:
+        model = await _checked(state.model(body.model))
+        return {"steps": list(await _checked(_serving(backend).checkpoint_steps(model)))}
+
+    @app.post("/models/serve_step")
+    async def serve_step(body: StepRequest) -> dict[str, str]:
+        """Serve an older checkpoint as its own version (an evaluation's way to any step)."""
+        model = await _checked(state.model(body.model))
+        return {"name": await _checked(_serving(backend).serve_step(model, body.step))}
+
     @app.get("/v1/models")
     async def list_models() -> Any:
         return state.proxy.list_models()
@@ -335,6 +350,15 @@ async def _checked(awaitable: Awaitable[T]) -> T:
     except Exception as error:
         log.exception("backend call failed")
         raise HTTPException(500, f"{type(error).__name__}: {error}") from error
+
+
+def _serving(backend: Backend) -> Any:
+    """The backend, if it serves older steps (LocalBackend does); else a 400 saying so."""
+    if not (hasattr(backend, "checkpoint_steps") and hasattr(backend, "serve_step")):
+        raise HTTPException(
+            400, f"{type(backend).__name__} cannot serve older steps; evaluate its newest only"
+        )
+    return backend
 
 
 async def _step(backend: Backend, state: _State, model: TrainableModel) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,66 @@ async def publish_step(state: Registered, step: int) -> None:
                 f"LoRAConfig.modules_to_save={state.model.lora.modules_to_save}: vLLM 0.32 serves no lm_head "
                 "adapter for many architectures (Qwen2 among them); train without modules_to_save"
             )
+        raise
+
+
+BASE_ADAPTER = "base-adapter"  # in the model folder: step 0 rebuilt once its checkpoint is gone
+
+
+def servable_steps(directory: Path) -> list[int]:
+    """The steps that can be served: every checkpoint on disk, and step 0 (the base model) once there is one."""
+    from .. import checkpoints
+
+    steps = checkpoints.list_steps(directory)
+    return sorted({0, *steps}) if steps else []
+
+
+async def serve_checkpoint(state: Registered, step: int) -> str:
+    """Serve `checkpoints/{step}` as a version of its own without moving the model's names off the newest; returns
+    the name that reaches it. Step 0 is the base model: its checkpoint (LoRA's zero-update initial adapter), or,
+    when that was deleted, the newest checkpoint with every LoRA B matrix zeroed (the same zero update). A step
+    with no checkpoint is refused, naming those there are."""
+    from .. import checkpoints
+
+    path = checkpoints.checkpoint_dir(state.directory, step)
+    if not path.is_dir():
+        have = checkpoints.list_steps(state.directory)
+        if step != 0 or not have:
+            raise ValueError(
+                f"model {state.model.name!r} has no checkpoint of step {step} (its checkpoints: {have})"
+            )
+        path = state.directory / BASE_ADAPTER
+        if not path.is_dir():
+            source = checkpoints.checkpoint_dir(state.directory, have[-1])
+            await asyncio.to_thread(write_zero_adapter, source, path)
+    await state.gateway.publish(state.name, state.model.name, step, path)
+    return f"{state.name}@{step}"
+
+
+def write_zero_adapter(source: Path, target: Path) -> None:
+    """`source`'s served adapter with every LoRA B matrix zeroed: its update is exactly zero, so it answers as the
+    base model (a trained lm_head is served as a LoRA delta too, see training/adapter_io.py). Written atomically."""
+    import shutil
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from ..training.adapter_io import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+    tensors = load_file(str(source / ADAPTER_WEIGHTS))
+    zeroed = {
+        k: torch.zeros_like(v) if ".lora_B." in k or ".lora_embedding_B" in k else v
+        for k, v in tensors.items()
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        save_file(zeroed, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        shutil.copyfile(source / ADAPTER_CONFIG, tmp / ADAPTER_CONFIG)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -14,6 +14,7 @@ import httpx
 
 from ..apis.responses import ask_token_ids as ask_responses_token_ids
 from ..calls import ROLLOUT_HEADER, endpoint_kind, policy_token_spans
+from .overrides import OVERRIDE, overridden
 from .record import Exchange, decode, served_version
 from .sampling import sampling_note
 from .scope import CURRENT, rollout_key
@@ -167,12 +168,15 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         trajectory = CURRENT.get()
         options = self.options
-        if trajectory is None and not options.rewrites:
+        override = OVERRIDE.get()  # an evaluation's sampling and target, for this context only
+        if trajectory is None and not options.rewrites and override is None:
             return self.inner.handle_request(request)
         kind = _kind(request)
         if kind is None:
             return self.inner.handle_request(request)
         body = request.read()
+        if override is not None:
+            request, body = overridden(request, body, kind, override)
         payload = None
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
@@ -236,12 +240,15 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         trajectory = CURRENT.get()
         options = self.options
-        if trajectory is None and not options.rewrites:
+        override = OVERRIDE.get()  # an evaluation's sampling and target, for this context only
+        if trajectory is None and not options.rewrites and override is None:
             return await self.inner.handle_async_request(request)
         kind = _kind(request)
         if kind is None:
             return await self.inner.handle_async_request(request)
         body = await request.aread()
+        if override is not None:
+            request, body = overridden(request, body, kind, override)
         payload = None
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 from ..config import TrainConfig
+from ..evaluation.periodic import Evaluation
 from ..model import TrainableModel
 from .config import PipelineConfig, StepReport
 from .groups import eval_splits
@@ -38,11 +39,24 @@ async def train_async(
     config: TrainConfig | None = None,
     pipeline: PipelineConfig | None = None,
     eval_fn: EvalFn | None = None,
+    eval: Evaluation | None = None,
     resume: bool = True,
     on_step: OnStep | None = None,
 ) -> list[StepReport]:
     """Train `model` with rollouts that never wait for training (see the module docstring); `on_step(report,
-    batch)` runs after each step; `eval_fn(model, step)` evaluates `model.get_inference_name(step=step)`."""
+    batch)` runs after each step; `eval_fn(model, step)` evaluates `model.get_inference_name(step=step)`.
+    `eval=art.Evaluation(rollout, scenarios, ...)`: the evaluation harness at the steps `pipeline` schedules
+    (`eval_every_n_steps`, `eval_at_start`), each logged with its interval and its gain over step 0."""
+    if eval is not None:
+        if eval_fn is not None:
+            raise ValueError("give train_async eval= or eval_fn=, not both")
+        schedule = pipeline or PipelineConfig()
+        if schedule.eval_every_n_steps == 0 and not schedule.eval_at_start:
+            raise ValueError(
+                "train_async(eval=...) would never evaluate: set PipelineConfig(eval_every_n_steps=N) "
+                "and/or eval_at_start=True"
+            )
+        eval_fn = eval
     return await Pipeline(
         model,
         rollout,

@@ -1,0 +1,128 @@
+"""`Evaluation`: the harness as a training run's evaluation (`train_async(..., eval=...)`, ART's
+`PipelineTrainer(eval_fn=...)`): each evaluated step gets art.evaluate's statistics, compared with a baseline step
+(step 0 by default, evaluated once and kept), logged as the step's metrics under the split."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..model import TrainableModel
+from .harness import Rollout, Sampling, check_counts, evaluate, write_result
+from .results import Attempt, EvalResult, TargetSummary
+from .scenarios import load_scenarios, with_ids
+from .summarize import comparison
+from .targets import Reference, step_label
+
+
+@dataclass
+class Evaluation:
+    """What to evaluate at a step: `rollout` (the training rollout, unchanged) over `scenarios` (with ids),
+    `attempts` each, with `sampling`. `baseline`: the step each evaluated step is compared with (None: none).
+    `output_dir`: each step's full result as `step-{step:04d}.json`. The other settings are art.evaluate's.
+    Called as `await evaluation(model, step)`; `results` keeps every step's EvalResult."""
+
+    rollout: Rollout
+    scenarios: Sequence[Any] | str | Path
+    attempts: int = 4
+    sampling: Sampling | dict[str, Any] | None = None
+    baseline: int | None = 0
+    references: Sequence[Reference | dict[str, Any]] = ()
+    success_threshold: float | None = None
+    max_error_fraction: float = 0.1
+    train_ids: Iterable[Any] | None = None
+    split: str = "val"
+    output_dir: str | Path | None = None
+    results: dict[int, EvalResult] = field(default_factory=dict, init=False)
+    _baseline: tuple[TargetSummary, list[Attempt]] | None = field(default=None, init=False, repr=False)
+    _kept_references: list[tuple[TargetSummary, list[Attempt]]] = field(
+        default_factory=list, init=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        """Bad settings fail when the run is set up, not at its first evaluation."""
+        if isinstance(self.scenarios, str | Path):
+            self.scenarios = load_scenarios(self.scenarios)
+        self.scenarios = list(self.scenarios)
+        with_ids(self.scenarios)
+        check_counts(self.attempts, None, self.max_error_fraction, 1)
+        self.sampling = Sampling.of(self.sampling)
+        if self.baseline is not None and (isinstance(self.baseline, bool) or self.baseline < 0):
+            raise ValueError(f"baseline must be a step >= 0 or None, not {self.baseline!r}")
+        if self.train_ids is not None:
+            self.train_ids = list(self.train_ids)
+
+    async def __call__(self, model: TrainableModel, step: int, *_: Any) -> None:
+        """Evaluate `step` (extra arguments, as ART's eval_fn gets its config, are ignored) and log its metrics."""
+        result = await self.run(model, step)
+        await model.log(None, split=self.split, metrics=step_metrics(result, step), step=step)
+
+    async def run(self, model: TrainableModel, step: int) -> EvalResult:
+        """`step` evaluated, with its comparisons to the baseline and the references. The baseline and the
+        references do not change during training: they are evaluated once, the first time, and kept."""
+        baseline = self.baseline if self.baseline != step else None
+        new_baseline = baseline is not None and self._baseline is None
+        new_references = bool(self.references) and not self._kept_references
+        result = await evaluate(
+            model,
+            self.rollout,
+            self.scenarios,  # type: ignore[arg-type]
+            attempts=self.attempts,
+            steps=[baseline, step] if new_baseline else [step],  # type: ignore[list-item]
+            split=self.split,
+            sampling=self.sampling,
+            references=self.references if new_references else (),
+            train_ids=self.train_ids,
+            success_threshold=self.success_threshold,
+            max_error_fraction=self.max_error_fraction,
+            progress=False,
+        )
+        if self.baseline == step or new_baseline:  # keep what does not change
+            label = step_label(self.baseline)  # type: ignore[arg-type]
+            self._baseline = (result.target(label), [a for a in result.attempts if a.target == label])
+        if new_references:
+            for target in result.targets:
+                if target.step is None:
+                    kept = [a for a in result.attempts if a.target == target.target]
+                    self._kept_references.append((target, kept))
+        else:  # the kept ones join this step's result, compared with it as art.evaluate would
+            ids = [sid for sid, _ in with_ids(self.scenarios)]  # type: ignore[arg-type]
+            kept_targets = [(self._baseline, True)] if baseline is not None and not new_baseline else []
+            kept_targets += [(kept, False) for kept in self._kept_references]
+            for (summary, attempts), first in kept_targets:
+                result.attempts = [*attempts, *result.attempts] if first else [*result.attempts, *attempts]
+                result.targets = [summary, *result.targets] if first else [*result.targets, summary]
+            pairs = [(t.target, step_label(step)) for t in result.targets if t.target != step_label(step)]
+            result.comparisons = [comparison(result.attempts, a, b, ids) for a, b in pairs]
+        self.results[step] = result
+        if self.output_dir is not None:
+            write_result(result, Path(self.output_dir) / f"step-{step:04d}.json")
+        return result
+
+
+def step_metrics(result: EvalResult, step: int) -> dict[str, float]:
+    """The evaluated step's statistics as history metrics (the split prefix is added by `model.log`): reward and
+    its interval, success rate, pass@k, errors, and the gain over the baseline with its interval and counts."""
+    own = result.target(step_label(step))
+    metrics: dict[str, float] = {
+        "reward": own.reward.mean,
+        "reward_ci_low": own.reward.low,
+        "reward_ci_high": own.reward.high,
+        "errors": float(own.errors),
+    }
+    if own.success_rate is not None:
+        metrics["success_rate"] = own.success_rate
+    for k, value in own.pass_at_k.items():
+        metrics[f"pass@{k}"] = value
+    for pair in result.comparisons:
+        if pair.b == own.target and pair.a.startswith("step "):
+            metrics["gain"] = pair.diff.mean
+            metrics["gain_ci_low"] = pair.diff.low
+            metrics["gain_ci_high"] = pair.diff.high
+            metrics["improved"] = float(len(pair.changes.improved))
+            metrics["worse"] = float(len(pair.changes.worse))
+            break
+    return {k: v for k, v in metrics.items() if not math.isnan(v)}

@@ -1,0 +1,98 @@
+"""The attempts file of a resumable evaluation: each finished attempt is appended as one JSON line and fsync'd,
+so an interrupted run loses none, and a rerun skips the attempts already there.
+
+The first line records what the evaluation was (its targets, attempts, sampling, scenario ids): a file written
+by a different evaluation is refused rather than mixed in. A last line cut short by a crash is dropped."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .results import Attempt
+
+FORMAT = 1
+
+
+class ResumeError(ValueError):
+    """The resume file belongs to another evaluation, or cannot be read."""
+
+
+AttemptKey = tuple[str, str, int]  # (target, scenario id, attempt)
+
+
+def key_of(attempt: Attempt) -> AttemptKey:
+    return (attempt.target, attempt.scenario_id, attempt.attempt)
+
+
+class AttemptLog:
+    """Finished attempts on disk (`path`), for an evaluation described by `fingerprint` (JSON-able)."""
+
+    def __init__(self, path: str | Path, fingerprint: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.fingerprint = json.loads(json.dumps(fingerprint))  # as it reads back
+        self._lock = threading.Lock()
+        self.done: dict[AttemptKey, Attempt] = {}
+
+    def open(self) -> dict[AttemptKey, Attempt]:
+        """Read what a previous run finished (none for a new file) and get ready to append; returns it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            self.done = self._read()
+        else:
+            self._append({"format": FORMAT, "evaluation": self.fingerprint})
+        return dict(self.done)
+
+    def _read(self) -> dict[AttemptKey, Attempt]:
+        lines = self.path.read_bytes().split(b"\n")
+        complete, torn = lines[:-1], lines[-1]  # text after the last newline never finished its write
+        if torn.strip():
+            with open(self.path, "r+b") as handle:  # cut it, so the next append starts a clean line
+                handle.truncate(self.path.stat().st_size - len(torn))
+        if not complete:
+            raise ResumeError(f"resume file {str(self.path)!r} has no header line")
+        try:
+            header = json.loads(complete[0])
+        except ValueError:
+            raise ResumeError(
+                f"resume file {str(self.path)!r} is not an evaluation's attempts file"
+            ) from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ResumeError(f"resume file {str(self.path)!r} is not an evaluation's attempts file")
+        theirs = header.get("evaluation")
+        if theirs != self.fingerprint:
+            differ = sorted(
+                k
+                for k in set(theirs or {}) | set(self.fingerprint)
+                if (theirs or {}).get(k) != self.fingerprint.get(k)
+            )
+            raise ResumeError(
+                f"resume file {str(self.path)!r} was written by a different evaluation (it differs in {differ}); "
+                "use another file, or delete it to start over"
+            )
+        done: dict[AttemptKey, Attempt] = {}
+        for number, line in enumerate(complete[1:], 2):
+            if not line.strip():
+                continue
+            try:
+                attempt = Attempt.from_dict(json.loads(line))
+            except (ValueError, TypeError, KeyError) as error:
+                raise ResumeError(f"{self.path}:{number}: not an attempt ({error})") from None
+            done[key_of(attempt)] = attempt
+        return done
+
+    def add(self, attempt: Attempt) -> None:
+        """Append one finished attempt, durably (flushed and fsync'd before this returns)."""
+        self._append(asdict(attempt))
+        self.done[key_of(attempt)] = attempt
+
+    def _append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=str) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
