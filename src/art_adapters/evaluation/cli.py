@@ -201,31 +201,10 @@ def _check_before_start(args: argparse.Namespace, scenarios: list[Any], model: A
 
 
 def format_result(result: EvalResult) -> str:
-    """The printed table (evalstats's table.py when present)."""
-    try:
-        from .table import format_table
-    except ImportError:
-        return _plain_table(result)
+    """The printed table."""
+    from .table import format_table
+
     return format_table(result)
-
-
-def _plain_table(result: EvalResult) -> str:
-    lines = [f"{result.model} ({result.project}), {result.attempts_per_scenario} attempts per scenario"]
-    for t in result.targets:
-        success = "" if t.success_rate is None else f"  success {t.success_rate:.3f}"
-        lines.append(
-            f"  {t.target:<14} reward {t.reward.mean:.3f} [{t.reward.low:.3f}, {t.reward.high:.3f}]"
-            f"{success}  scenarios {t.scenarios}  errors {t.errors}"
-        )
-    for c in result.comparisons:
-        ch = c.changes
-        lines.append(
-            f"  {c.b} - {c.a}: {c.diff.mean:+.3f} [{c.diff.low:+.3f}, {c.diff.high:+.3f}]  improved "
-            f"{len(ch.improved)}, same {len(ch.same)}, worse {len(ch.worse)}"
-        )
-    if not result.held_out:
-        lines.append(f"  not held out: {len(result.not_held_out_ids)} scenarios were trained on")
-    return "\n".join(lines)
 
 
 def eval_command(argv: list[str]) -> int:
