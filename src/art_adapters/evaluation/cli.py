@@ -1,5 +1,6 @@
 """`art-adapters eval MODULE:ROLLOUT --scenarios FILE --model NAME ...`: art.evaluate from the shell, on the model's
-LocalBackend folder (or a served backend with --backend-url); prints the table and writes the JSON result."""
+LocalBackend folder (or a served backend with --backend-url); prints the table, writes the JSON result and the report
+page, and logs to W&B (--wandb-project) and Langfuse (--langfuse)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,23 @@ def parser() -> argparse.ArgumentParser:
         "and skip those already there",
     )
     p.add_argument("--output", default=None, help="write the result as JSON here")
+    p.add_argument(
+        "--no-report",
+        action="store_true",
+        help="write no report page (default: evaluation.html in the model folder, or beside --output)",
+    )
+    p.add_argument(
+        "--wandb-project",
+        default=None,
+        metavar="NAME",
+        help="log the metrics to a W&B run in this project (its key: env WANDB_API_KEY or `wandb login`)",
+    )
+    p.add_argument(
+        "--langfuse",
+        action="store_true",
+        help="log a Langfuse dataset run per target (keys: env LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY; "
+        "LANGFUSE_BASE_URL for your own server)",
+    )
     return p
 
 
@@ -130,8 +150,15 @@ def _base_model(args: argparse.Namespace) -> str:
 
 
 async def run(args: argparse.Namespace) -> EvalResult:
+    result, _ = await run_and_publish(args)
+    return result
+
+
+async def run_and_publish(args: argparse.Namespace) -> tuple[EvalResult, Path | None]:
+    """The evaluation, and the report page it wrote (None: none)."""
     from ..model import TrainableModel
     from .harness import evaluate
+    from .publish import report_page_path
     from .scenarios import load_scenarios, with_ids
 
     rollout = load_rollout(args.rollout)
@@ -162,6 +189,7 @@ async def run(args: argparse.Namespace) -> EvalResult:
         "attempt_timeout_s": args.attempt_timeout,
         "resume": resume,
         "output": args.output,
+        "report": not args.no_report,
     }
     if args.backend_url:
         from ..backend.remote import RemoteBackend
@@ -171,11 +199,35 @@ async def run(args: argparse.Namespace) -> EvalResult:
         from ..backend.local import LocalBackend
 
         backend = LocalBackend(args.path)
+    started = time.time()
+    wandb, langfuse = _sinks(args)
     try:
         await model.register(backend)
-        return await evaluate(model, rollout, scenarios, **options)
+        result = await evaluate(model, rollout, scenarios, wandb=wandb, langfuse=langfuse, **options)
+        page = None if args.no_report else report_page_path(model, args.output)
+        if page is not None and not (page.is_file() and page.stat().st_mtime >= started - 1):
+            page = None  # not written (it warned why)
+        return result, page
     finally:
         await backend.close()
+        if wandb is not None:
+            wandb.finish()
+        if langfuse is not None:
+            langfuse.close()
+
+
+def _sinks(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The W&B logger and the Langfuse exporter the flags ask for (None: not asked)."""
+    wandb = langfuse = None
+    if args.wandb_project:
+        from ..tracing.wandb import WandbLogger
+
+        wandb = WandbLogger(args.wandb_project, name=f"{args.model} eval ({args.split})", job_type="eval")
+    if args.langfuse:
+        from ..tracing.langfuse import LangfuseExporter
+
+        langfuse = LangfuseExporter(project=args.project, tags=["art-adapters-eval"])
+    return wandb, langfuse
 
 
 def _check_before_start(args: argparse.Namespace, scenarios: list[Any], model: Any) -> None:
@@ -185,6 +237,17 @@ def _check_before_start(args: argparse.Namespace, scenarios: list[Any], model: A
     from .targets import check_steps
 
     with_ids(scenarios)
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ValueError("--wandb-project needs the wandb package (pip install wandb)")
+    if args.langfuse:
+        missing = [k for k in ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY") if not os.environ.get(k)]
+        if missing or importlib.util.find_spec("langfuse") is None:
+            raise ValueError(
+                f"--langfuse needs {' and '.join(missing)} in the environment (LANGFUSE_BASE_URL for your own "
+                "server)"
+                if missing
+                else "--langfuse needs the langfuse package (pip install langfuse)"
+            )
     check_counts(args.attempts, None, args.max_error_fraction, args.max_concurrent)
     Sampling.of(_sampling(args))
     steps = check_steps([s.strip() for s in args.steps.split(",") if s.strip()])
@@ -214,9 +277,13 @@ def eval_command(argv: list[str]) -> int:
     from .scenarios import ScenarioError
 
     try:
-        result = asyncio.run(run(args))
+        result, page = asyncio.run(run_and_publish(args))
     except (ScenarioError, ResumeError, EvaluationError, ValueError) as error:
         print(f"art-adapters eval: {error}", file=sys.stderr)
         return 2
     print(format_result(result))
+    if args.output:
+        print(f"result: {args.output}")
+    if page is not None:
+        print(f"report page: {page}")
     return 0

@@ -93,6 +93,9 @@ async def evaluate(
     resume: str | Path | None = None,
     output: str | Path | None = None,
     progress: bool = True,
+    report: bool = True,
+    wandb: Any = None,
+    langfuse: Any = None,
 ) -> EvalResult:
     """Run `rollout(model_view, scenario)` — the same rollout used for training, unchanged — `attempts` times per
     scenario against each target, and say whether training helped (docs/evaluation.md).
@@ -109,7 +112,13 @@ async def evaluate(
     running after `attempt_timeout_s` is cancelled and counted as an error (None: no bound). More than
     `max_error_fraction` of attempts failing raises EvaluationError from the first failure. `resume`: a JSONL file
     each finished attempt is appended to; a rerun skips those. `output`: the result as JSON. `split`: the name the
-    result is recorded under."""
+    result is recorded under. Then the result is published (publish.py): `report` writes the page evaluation.html
+    into the model's folder (LocalBackend), else beside `output` as its .html, else nowhere; `wandb` (a
+    WandbLogger or wandb Run) gets its metrics, `langfuse` (a LangfuseExporter or langfuse.Langfuse) a dataset run
+    per target. A sink that fails warns, naming itself; the result is still returned and its JSON written."""
+    from .publish import Publisher, check_sinks, report_page_path
+
+    check_sinks(wandb, langfuse)
     settings = Sampling.of(sampling)
     check_name("split", split)  # it names metrics and files
     items = with_ids(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
@@ -189,6 +198,9 @@ async def evaluate(
     )
     if output is not None:
         write_result(result, output)
+    if report or wandb is not None or langfuse is not None:
+        publisher = Publisher(report_page_path(model, output) if report else None, wandb, langfuse)
+        await asyncio.to_thread(publisher.publish, result, scenarios=dict(items))
     return result
 
 

@@ -121,8 +121,10 @@ def reward_chart(result: EvalResult) -> str:
 
 
 def pass_at_k_chart(result: EvalResult) -> str:
-    """pass@k against k, one curve per target."""
-    curves = [t for t in result.targets if t.pass_at_k]
+    """pass@k against k, one curve per target whose attempts are here (a training run's page: the baseline, the
+    newest step and the references; every step is in the reward chart)."""
+    shown = {a.target for a in result.attempts}
+    curves = [t for t in result.targets if t.pass_at_k and t.target in shown]
     if not curves:
         return "<p>No pass@k: the rollouts gave no success (a boolean reward or a threshold defines it).</p>"
     ks = sorted({k for t in curves for k in t.pass_at_k})
@@ -225,8 +227,9 @@ def _attempt_html(a: Attempt) -> str:
 
 def scenario_table(result: EvalResult) -> str:
     """One row per scenario: each target's mean reward (and errors), each comparison's verdict; the row opens to
-    every attempt's conversation."""
-    targets = [t.target for t in result.targets]
+    every attempt's conversation. Targets without attempts here (a training run's earlier steps) are left out."""
+    shown = {a.target for a in result.attempts}
+    targets = [t.target for t in result.targets if t.target in shown]
     by_scenario: dict[str, list[Attempt]] = {}
     for a in result.attempts:
         by_scenario.setdefault(a.scenario_id, []).append(a)

@@ -1,19 +1,24 @@
 """`Evaluation`: the harness as a training run's evaluation (`train_async(..., eval=...)`, ART's
 `PipelineTrainer(eval_fn=...)`): each evaluated step gets art.evaluate's statistics, compared with a baseline step
-(step 0 by default, evaluated once and kept), logged as the step's metrics under the split."""
+(step 0 by default, evaluated once and kept), logged as the step's metrics under the split, and published: the
+report page follows every evaluated step, W&B and Langfuse get each new step once."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..model import TrainableModel
 from .harness import Rollout, Sampling, check_counts, evaluate, write_result
+from .publish import Publisher, check_sinks, model_folder
 from .results import Attempt, EvalResult, TargetSummary
 from .scenarios import load_scenarios, with_ids
+from .sinks import REPORT_PAGE
 from .summarize import comparison
 from .targets import Reference, step_label
 
@@ -22,7 +27,11 @@ from .targets import Reference, step_label
 class Evaluation:
     """What to evaluate at a step: `rollout` (the training rollout, unchanged) over `scenarios` (with ids),
     `attempts` each, with `sampling`. `baseline`: the step each evaluated step is compared with (None: none).
-    `output_dir`: each step's full result as `step-{step:04d}.json`. The other settings are art.evaluate's.
+    `output_dir`: each step's full result as `step-{step:04d}.json`. `report`: after each step, the page
+    evaluation.html (every evaluated step's reward, the newest step's comparisons and attempts) in the model's
+    folder, else in `output_dir`. `wandb` (a WandbLogger or wandb Run): each step's `eval/...` metrics at its step.
+    `langfuse` (a LangfuseExporter or langfuse.Langfuse): a dataset run per new step (the baseline and the
+    references once). A sink that fails warns once. The other settings are art.evaluate's.
     Called as `await evaluation(model, step)`; `results` keeps every step's EvalResult."""
 
     rollout: Rollout
@@ -36,11 +45,15 @@ class Evaluation:
     train_ids: Iterable[Any] | None = None
     split: str = "val"
     output_dir: str | Path | None = None
+    report: bool = True
+    wandb: Any = None
+    langfuse: Any = None
     results: dict[int, EvalResult] = field(default_factory=dict, init=False)
     _baseline: tuple[TargetSummary, list[Attempt]] | None = field(default=None, init=False, repr=False)
     _kept_references: list[tuple[TargetSummary, list[Attempt]]] = field(
         default_factory=list, init=False, repr=False
     )
+    _publisher: Publisher | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         """Bad settings fail when the run is set up, not at its first evaluation."""
@@ -54,6 +67,7 @@ class Evaluation:
             raise ValueError(f"baseline must be a step >= 0 or None, not {self.baseline!r}")
         if self.train_ids is not None:
             self.train_ids = list(self.train_ids)
+        check_sinks(self.wandb, self.langfuse)
 
     async def __call__(self, model: TrainableModel, step: int, *_: Any) -> None:
         """Evaluate `step` (extra arguments, as ART's eval_fn gets its config, are ignored) and log its metrics."""
@@ -79,6 +93,7 @@ class Evaluation:
             success_threshold=self.success_threshold,
             max_error_fraction=self.max_error_fraction,
             progress=False,
+            report=False,  # published below, with what is kept
         )
         if self.baseline == step or new_baseline:  # keep what does not change
             label = step_label(self.baseline)  # type: ignore[arg-type]
@@ -100,7 +115,34 @@ class Evaluation:
         self.results[step] = result
         if self.output_dir is not None:
             write_result(result, Path(self.output_dir) / f"step-{step:04d}.json")
+        new = [step_label(step)] + ([step_label(self.baseline)] if new_baseline else [])  # type: ignore[arg-type]
+        new += [t.target for t in result.targets if t.step is None] if new_references else []
+        await self._publish(model, step, result, new)
         return result
+
+    async def _publish(self, model: TrainableModel, step: int, result: EvalResult, new: list[str]) -> None:
+        if not self.report and self.wandb is None and self.langfuse is None:
+            return
+        if self._publisher is None:
+            folder = model_folder(model) or (Path(self.output_dir) if self.output_dir is not None else None)
+            page = folder / REPORT_PAGE if self.report and folder is not None else None
+            self._publisher = Publisher(page, self.wandb, self.langfuse)
+        scenarios = dict(with_ids(self.scenarios))  # type: ignore[arg-type]
+        page_view = training_view(self.results, step)
+        publisher = self._publisher
+        await asyncio.to_thread(publisher.publish_page, page_view)
+        await asyncio.to_thread(publisher.publish_sinks, result, scenarios=scenarios, step=step, targets=new)
+
+
+def training_view(results: Mapping[int, EvalResult], latest: int) -> EvalResult:
+    """Step `latest`'s result with every other evaluated step's summary among its targets, so the page's reward
+    chart follows training; its comparisons and attempts stay step `latest`'s."""
+    view = dataclasses.replace(results[latest])
+    have = {t.target for t in view.targets}
+    others = [r.target(step_label(s)) for s, r in sorted(results.items()) if step_label(s) not in have]
+    steps = sorted([t for t in view.targets if t.step is not None] + others, key=lambda t: t.step or 0)
+    view.targets = steps + [t for t in view.targets if t.step is None]
+    return view
 
 
 def step_metrics(result: EvalResult, step: int) -> dict[str, float]:

@@ -21,10 +21,15 @@ REPORT_PAGE = "evaluation.html"
 def write_report_section(result: EvalResult, run_dir: str | Path) -> Path:
     """Write the evaluation's page of the local report, `run_dir/evaluation.html` (the model's folder, where
     `report.html` is written; the training report links to it). A later evaluation replaces the page."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / REPORT_PAGE
-    page = render_page(result, report_link="report.html" if (run_dir / "report.html").exists() else None)
+    return write_page(result, Path(run_dir) / REPORT_PAGE)
+
+
+def write_page(result: EvalResult, path: str | Path) -> Path:
+    """Write the evaluation's page at `path`, atomically; it links `report.html` when one is beside it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    beside = path.parent / "report.html"
+    page = render_page(result, report_link="report.html" if beside.exists() else None)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     partial.write_text(page, encoding="utf-8")
     os.replace(partial, path)
