@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from art_adapters.cli import main
 from art_adapters.evaluation import EvalResult
 from art_adapters.testing import ScriptedServer
 from eval_fakes import NAME, PROJECT, QUESTIONS, StepServingBackend, grader
+from test_eval_publish import langfuse_server  # noqa: F401 (a fixture)
 
 
 def project_dir(root: Path, steps: tuple[int, ...]) -> Path:
@@ -76,6 +78,7 @@ def test_eval_command_prints_the_table_and_writes_json(
         ((0, 3), QUESTIONS, ["--attempts", "0"], "attempts must be an int >= 1"),
         ((0, 3), QUESTIONS, ["--steps", "0,best"], "unknown step 'best'"),
         ((0, 3), QUESTIONS, ["--top-p", "0"], "top_p must be in"),
+        ((0, 3), QUESTIONS, ["--langfuse"], "--langfuse needs LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY"),
     ],
 )
 def test_eval_command_refuses_bad_input_before_starting(
@@ -91,6 +94,8 @@ def test_eval_command_refuses_bad_input_before_starting(
         raise AssertionError("the backend started before the input was checked")
 
     monkeypatch.setattr(local, "LocalBackend", no_backend)
+    monkeypatch.delenv("LANGFUSE_PUBLIC_KEY", raising=False)
+    monkeypatch.delenv("LANGFUSE_SECRET_KEY", raising=False)
     root = project_dir(tmp_path / "art", steps)
     assert main(args(root, scenario_file(tmp_path, scenarios), *extra)) == 2
     assert re.search(message, capsys.readouterr().err)
@@ -102,3 +107,57 @@ def test_eval_command_names_a_bad_rollout(tmp_path: Path) -> None:
     argv[1] = "eval_fakes:nope"
     with pytest.raises(SystemExit, match="has no function 'nope'"):
         main(argv)
+
+
+def test_eval_command_writes_the_page_and_logs_wandb_and_langfuse(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    langfuse_server: Any,  # noqa: F811 (the fixture imported above)
+) -> None:
+    pytest.importorskip("wandb")
+    from art_adapters import checkpoints
+    from test_eval_publish import history_rows
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", langfuse_server.public_key)
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", langfuse_server.secret_key)
+    monkeypatch.setenv("LANGFUSE_BASE_URL", langfuse_server.base_url)
+    root = project_dir(tmp_path / "art", (0, 3))
+    with ScriptedServer(grader(3)) as server:
+
+        class Backend(StepServingBackend):  # with LocalBackend's model folder
+            def __init__(self, path: str) -> None:
+                super().__init__(server.base_url, (0, 3))
+                self.path = Path(path)
+
+            def model_dir(self, model: Any) -> Path:
+                return checkpoints.model_dir(model.project, model.name, self.path)
+
+            async def close(self) -> None: ...
+
+        monkeypatch.setattr(local, "LocalBackend", Backend)
+        scenarios = scenario_file(tmp_path, QUESTIONS)
+        code = main(args(root, scenarios, "--attempts", "1", "--wandb-project", "art-eval-cli", "--langfuse"))
+        printed = capsys.readouterr().out
+        page = root / PROJECT / "models" / NAME / "evaluation.html"
+        assert code == 0 and f"report page: {page}" in printed
+        assert "step 3 vs step 0" in page.read_text()
+        (row,) = history_rows(next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")))
+        assert row["eval/step_3_vs_step_0/improved"] == 3
+        from langfuse import Langfuse
+
+        client = Langfuse(
+            public_key=langfuse_server.public_key,
+            secret_key=langfuse_server.secret_key,
+            base_url=langfuse_server.base_url,
+        )
+        items = client.get_dataset(f"{PROJECT}/{NAME}/val").items
+        assert sorted(i.input["id"] for i in items) == sorted(q["id"] for q in QUESTIONS)
+        client.shutdown()
+
+        page.unlink()
+        assert main(args(root, scenarios, "--attempts", "1", "--no-report")) == 0
+        assert "report page" not in capsys.readouterr().out and not page.exists()
