@@ -278,3 +278,29 @@ async def test_training_updates_the_page_and_logs_each_new_step_once(
         (f"{NAME} step 2", 8),
     ]
     client.shutdown()
+
+
+def test_scenarios_become_json_and_a_sink_down_warns_once_across_evaluations(tmp_path: Path) -> None:
+    import pydantic
+
+    from art_adapters.evaluation.publish import Publisher, plain_scenario
+    from eval_fixtures import eval_result
+
+    class Plain:
+        def __init__(self) -> None:
+            self.id, self.when, self._secret = "p1", dt.date(2026, 1, 2), "hidden"
+
+    class Typed(pydantic.BaseModel):
+        id: str
+        path: Path
+
+    assert plain_scenario(Plain()) == {"id": "p1", "when": "2026-01-02"}
+    assert plain_scenario(Typed(id="t1", path=Path("/a/b"))) == {"id": "t1", "path": "/a/b"}
+    assert plain_scenario({"q": Question("q0", "?", "0")}) == {
+        "q": {"id": "q0", "question": "?", "answer": "0", "tags": ["easy", "math"]}
+    }
+    publisher = Publisher(tmp_path / "page.html", DownRun())
+    with pytest.warns(RuntimeWarning, match="W&B was not updated") as caught:
+        for _ in range(3):  # a training run's evaluations: the first failure warns, the rest do not
+            assert publisher.publish(eval_result(), step=1) == tmp_path / "page.html"
+    assert len([w for w in caught if "W&B" in str(w.message)]) == 1
