@@ -29,10 +29,10 @@ class Evaluation:
     `attempts` each, with `sampling`. `baseline`: the step each evaluated step is compared with (None: none).
     `output_dir`: each step's full result as `step-{step:04d}.json`. `report`: after each step, the page
     evaluation.html (every evaluated step's reward, the newest step's comparisons and attempts) in the model's
-    folder, else in `output_dir`. `wandb` (a WandbLogger or wandb Run): each step's `eval/...` metrics at its step.
-    `langfuse` (a LangfuseExporter or langfuse.Langfuse): a dataset run per new step (the baseline and the
-    references once). A sink that fails warns once. The other settings are art.evaluate's.
-    Called as `await evaluation(model, step)`; `results` keeps every step's EvalResult."""
+    folder, else in `output_dir`. `wandb` (a WandbLogger or wandb Run): each step's `eval/...` metrics, with
+    `eval/step` = the step as their axis. `langfuse` (a LangfuseExporter or langfuse.Langfuse): a dataset run per
+    new step (the baseline and the references once). A sink that fails warns once. The other settings are
+    art.evaluate's. Called as `await evaluation(model, step)`; `results` keeps every step's EvalResult."""
 
     rollout: Rollout
     scenarios: Sequence[Any] | str | Path

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .results import EvalResult
-from .sinks import REPORT_PAGE, log_langfuse, log_wandb, write_page
+from .sinks import REPORT_PAGE, log_langfuse, log_wandb, wandb_metrics, write_page
 
 
 def model_folder(model: Any) -> Path | None:
@@ -73,6 +73,7 @@ class Publisher:
     wandb: Any = None
     langfuse: Any = None
     warned: set[str] = dataclasses.field(default_factory=set)
+    _wandb_axis: bool = dataclasses.field(default=False, repr=False)
 
     def publish(
         self,
@@ -102,10 +103,10 @@ class Publisher:
         step: int | None = None,
         targets: Sequence[str] | None = None,
     ) -> None:
-        """W&B at `step` (None: the run's current step); Langfuse for `targets` (None: all) with `scenarios`
+        """W&B at `step` (None: the run's current step; see log_wandb_at); Langfuse for `targets` (None: all) with `scenarios`
         (id -> scenario, made JSON by plain_scenario) as the dataset items' inputs."""
         if self.wandb is not None:
-            self._try("W&B", lambda: log_wandb(result, self.wandb, step=step))
+            self._try("W&B", lambda: self.log_wandb_at(result, step))
         if self.langfuse is not None:
 
             def to_langfuse() -> None:
@@ -113,6 +114,24 @@ class Publisher:
                 log_langfuse(result, self.langfuse, scenarios=inputs, targets=targets)
 
             self._try("Langfuse", to_langfuse)
+
+    def log_wandb_at(self, result: EvalResult, step: int | None) -> None:
+        """W&B metrics of the evaluation of training step `step`, on the axis `eval/step` (W&B's define_metric)
+        rather than at W&B's own step: an evaluation runs beside training, so it usually finishes after the run has
+        logged later steps, and W&B drops rows logged at a step below its current one."""
+        if step is None:
+            log_wandb(result, self.wandb)
+            return
+        run = (
+            self.wandb.run if hasattr(self.wandb, "log_step") else self.wandb
+        )  # a WandbLogger, or a wandb Run
+        if run is None:  # a WandbLogger whose W&B is disabled
+            return
+        if not self._wandb_axis:
+            run.define_metric("eval/step")
+            run.define_metric("eval/*", step_metric="eval/step")
+            self._wandb_axis = True
+        run.log({**wandb_metrics(result), "eval/step": step})
 
     def _try(self, sink: str, call: Callable[[], Any]) -> None:
         try:
