@@ -21,7 +21,7 @@ RESULT = re.compile(
     r"^demo result: success_start=(?P<start>\d+\.\d+) success_end=(?P<end>\d+\.\d+) "
     r"steps=(?P<steps>\d+) seconds=(?P<seconds>\d+\.\d+)$"
 )
-STEPS = 20  # the demo's own
+STEPS = 14  # the demo's own
 
 
 def imported_modules(source: str) -> list[str]:
@@ -75,12 +75,20 @@ def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> 
     splits = Counter(
         json.loads(line)["split"] for line in (model_dir / "history.jsonl").read_text().splitlines()
     )
-    assert splits == {"sft": 1, "train": STEPS, "val": 2}  # the warm start, the steps, 2 evaluations
+    assert splits == {
+        "sft": 1,
+        "train": STEPS,
+    }  # the warm start and the steps (the evaluation: evaluation.html)
     # the learning bar: from about chance (1 tool in 4) to most questions answered from the database
     assert float(match["start"]) <= 0.45 and float(match["end"]) >= 0.85, lines[-1]
+    # the harness's verdict: the gain over the warm start with its paired interval, above zero
+    verdict = next(line for line in lines if line.startswith("    success ") and " gain " in line)
+    low = float(re.search(r"\[95 % CI ([+-]\d\.\d+),", verdict)[1])  # type: ignore[index]
+    assert low > 0, verdict
     # where the time went, by phase, just before the result; where to look just before that
     assert lines[-2].startswith("time: tiny model") and "GRPO steps" in lines[-2], lines[-2]
-    assert lines[-4].startswith(f"report: {model_dir / 'report.html'}  (open it in a browser"), lines[-4]
+    assert lines[-5].startswith(f"report: {model_dir / 'report.html'}  (open it in a browser"), lines[-5]
+    assert lines[-4].startswith(f"evaluation: {model_dir / 'evaluation.html'}"), lines[-4]
     assert lines[-3].startswith("Langfuse: off (set LANGFUSE_PUBLIC_KEY"), lines[-3]
     # only our own lines: no library's import notes (torchao's extensions, torch's pytree deprecation), and no
     # progress bar redrawn into a log (stderr is not a terminal here)

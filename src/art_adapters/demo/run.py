@@ -63,6 +63,30 @@ def question_groups(rollout: Any, asked: list[Question], size: int, seed: int) -
     ]
 
 
+async def evaluate_demo(
+    model: TrainableModel, rollout: Any, asked: list[Question], attempts: int, seed: int, exporter: Any = None
+) -> Any:
+    """The harness (`art.evaluate`) on the demo's questions: the warm start (step 1) and the newest step, each
+    question `attempts` times at temperature 1 on the same seeded draws; success = the database's answer."""
+    from ..evaluation import Sampling, evaluate
+
+    async def attempt(target: TrainableModel, scenario: dict[str, Any]) -> Trajectory:
+        trajectory: Trajectory = await rollout(scenario["question"], None)  # the harness seeds each call
+        return trajectory
+
+    scenarios = [{"id": f"q{k + 1}", "question": q} for k, q in enumerate(asked)]
+    return await evaluate(
+        model,
+        attempt,
+        scenarios,
+        attempts=attempts,
+        steps=[1, "latest"],
+        sampling=Sampling(temperature=1.0, seed=seed * 7919 + 1),
+        success_threshold=1.0,
+        langfuse=exporter,  # a dataset run per step in Langfuse, when it is on
+    )
+
+
 def langfuse_exporter() -> Any:
     """A LangfuseExporter when LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY are set; None otherwise."""
     if not (os.environ.get("LANGFUSE_PUBLIC_KEY") and os.environ.get("LANGFUSE_SECRET_KEY")):
@@ -76,6 +100,11 @@ def where_to_look(report: Path, exporter: Any) -> list[str]:
     lines = [
         f"report: {report}  (open it in a browser: each rollout's tool calls, results and reward; the curves)"
     ]
+    page = report.with_name("evaluation.html")
+    if page.exists():
+        lines.append(
+            f"evaluation: {page}  (each question's attempts at both steps, the gain with its interval)"
+        )
     if exporter is None:
         lines.append(
             "Langfuse: off (set LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL, "
@@ -93,12 +122,12 @@ def where_to_look(report: Path, exporter: Any) -> list[str]:
 async def run_demo(
     path: str | Path = ".art",
     *,
-    steps: int = 20,
+    steps: int = 14,
     group_size: int = 8,
-    learning_rate: float = 1.2e-3,
+    learning_rate: float = 2.5e-3,
     lora_rank: int = 16,
     warm_examples: int = 64,
-    warm_epochs: int = 48,
+    warm_epochs: int = 16,
     warm_learning_rate: float = 5e-3,
     eval_samples: int = 8,
     out: str | Path | None = None,
@@ -165,24 +194,8 @@ async def run_demo(
             flush=True,
         )
         rollout = make_rollout(model, db_path)
-
-        async def evaluate() -> float:
-            """Success (one call, the database's answer) on every question at temperature 1; logged as `val`."""
-            if exporter is not None:
-                exporter.step, exporter.split = await model.get_step(), "val"
-            groups = await gather_trajectory_groups(
-                question_groups(rollout, asked, eval_samples, seed * 7919 + 1),
-                pbar_desc="eval",
-                after_each=exporter.after_each if exporter is not None else None,
-            )
-            metrics = await model.log(groups, split="val")
-            return float(metrics["val/metric/success"])
-
-        since = time.perf_counter()
-        success_start = await evaluate()
-        lap("evaluations", since)
         overlap = " (async: rollouts never wait for a step)" if async_mode else ""
-        print(f"3/4 success at step 0: {success_start:.3f}; GRPO steps{overlap}:", flush=True)
+        print(f"3/4 GRPO steps{overlap}:", flush=True)
         print(
             f"{'step':>4} {'success':>7} {'reward':>7} {'loss':>8} {'grad':>7} {'clip':>6} {'tokens':>7} {'swap':>8} {'sec':>6}"
         )
@@ -221,10 +234,21 @@ async def run_demo(
                 show(await model.get_step(), metrics, swap, time.perf_counter() - t0)
         lap("GRPO steps", since)
         since = time.perf_counter()
-        success_end = await evaluate()
+        print(
+            "4/4 evaluation: the warm start (step 1) against the trained adapter, the same draws", flush=True
+        )
+        evaluation = await evaluate_demo(model, rollout, asked, eval_samples, seed, exporter)
         lap("evaluations", since)
-        final_step = await model.get_step()
-    print(f"4/4 success at step {final_step}: {success_end:.3f}")
+    start, end = evaluation.targets[0], evaluation.targets[-1]
+    gain = evaluation.comparisons[0]
+    success_start, success_end = float(start.success_rate or 0.0), float(end.success_rate or 0.0)
+    print(
+        f"    success {success_start:.3f} at {start.target} -> {success_end:.3f} at {end.target}: "
+        f"gain {gain.diff.mean:+.3f} [95 % CI {gain.diff.low:+.3f}, {gain.diff.high:+.3f}] over "
+        f"{start.scenarios} questions x {evaluation.attempts_per_scenario} attempts (paired, bootstrap over "
+        f"questions); {len(gain.changes.improved)} improved, {len(gain.changes.worse)} worse",
+        flush=True,
+    )
     curve_path = Path(out) if out else model_dir / "success.png"
     plot_curve(curve, curve_path, f"art-adapters demo: the LangGraph order agent ({family})")
     print(f"success curve: {curve_path}")
@@ -238,6 +262,9 @@ async def run_demo(
     result = {
         "success_start": success_start,
         "success_end": success_end,
+        "gain": gain.diff.mean,
+        "gain_ci_low": gain.diff.low,
+        "gain_ci_high": gain.diff.high,
         "steps": steps,  # GRPO steps (the warm start is one more checkpoint)
         "seconds": total,
     }
