@@ -243,7 +243,7 @@ async def run_demo(
     gain = evaluation.comparisons[0]
     success_start, success_end = float(start.success_rate or 0.0), float(end.success_rate or 0.0)
     print(
-        f"    success {success_start:.3f} at {start.target} -> {success_end:.3f} at {end.target}: "
+        f"    success {success_start:.3f} at {start.target} -> {success_end:.3f} at {end.target}; reward "
         f"gain {gain.diff.mean:+.3f} [95 % CI {gain.diff.low:+.3f}, {gain.diff.high:+.3f}] over "
         f"{start.scenarios} questions x {evaluation.attempts_per_scenario} attempts (paired, bootstrap over "
         f"questions); {len(gain.changes.improved)} improved, {len(gain.changes.worse)} worse",
