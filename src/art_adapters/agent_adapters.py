@@ -146,5 +146,3 @@ class AgentRouting:
         if adapter == SHARED or adapter not in self._served:
             return None
         return served_name(self.model_key, adapter) + (f"@{step}" if at else "")
-
-
