@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..agent_adapters import UnsupportedPerAgentSetting
 from ..config import SFTConfig, TrainConfig
 from ..model import Model, TrainableModel, check_model_name, check_name
 from ..model_log import all_trajectories, best_step, record_log, rollout_metrics
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
-from .serving import Registered, publish_step, required_lora_rank
+from .serving import Registered, agent_keys, engine_adapter_room, publish_step, required_lora_rank
 from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         self._model_max_len: dict[
             Path, int
         ] = {}  # by model folder: its engine's max_model_len (the trainer's too)
+        self._model_max_loras: dict[
+            Path, int
+        ] = {}  # by model folder: its engine's max_loras (per-agent room)
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
@@ -106,6 +110,11 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         from ..inference.gateway import gateway_of
 
         base = validate_model_dir(model.base_model)  # clear errors before any server starts
+        if model.adapters is not None and (self._trainer_processes(model) > 1 or self.trainer_nodes > 1):
+            raise UnsupportedPerAgentSetting(
+                f"model {model.name!r}: adapters=PerAgent(...) is not supported by the sharded trainer "
+                "(trainer_processes > 1, several trainer GPUs or nodes) yet: train per-agent adapters in one process"
+            )
         rank = required_lora_rank(base, model)
         if model.lora.modules_to_save:
             from ..training.adapter_io import vllm_unservable_modules
@@ -131,7 +140,10 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     f"{base.name} was started with max_lora_rank={server.config.max_lora_rank}"
                 )
             self._model_plans[directory] = self._base_plans.get(base)
-            self._model_max_len[directory] = (config if server is None else server.config).max_model_len
+            engine = config if server is None else server.config
+            self._model_max_len[directory] = engine.max_model_len
+            engine_adapter_room(engine.max_loras, model)  # per-agent adapters: more than it holds, refused
+            self._model_max_loras[directory] = engine.max_loras
             try:
                 self.shares_cuda_gpu(model, config if server is None else server.config)  # placement checked
             except BaseException:
@@ -175,7 +187,8 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 try:
                     await publish_step(state, state.step)
                 except BaseException:  # a failed registration leaves no name, and no trainer, behind
-                    await gateway.forget(state.name)
+                    for key in [state.name, *agent_keys(state)]:
+                        await gateway.forget(key)
                     await self._drop_trainer(state)
                     raise
                 self._models[directory] = state
@@ -314,7 +327,8 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         deleted = checkpoints.delete_checkpoints(directory, keep)
         state = self._models.get(directory)
         if state is not None and deleted:
-            await state.gateway.forget(state.name, deleted)
+            for key in [state.name, *agent_keys(state)]:
+                await state.gateway.forget(key, deleted)
         return deleted
 
     async def close(self) -> None:
@@ -325,7 +339,8 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         owned, self._owned = self._owned, []
         for state in self._models.values():
             if state.server not in owned:
-                await state.gateway.forget(state.name)
+                for key in [state.name, *agent_keys(state)]:
+                    await state.gateway.forget(key)
             if state.trainer is not None:
                 await asyncio.to_thread(state.trainer.close)
         for server in owned:
@@ -435,6 +450,10 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     f"but InferenceConfig.max_lora_rank={config.max_lora_rank}"
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
+        listed = len(model.adapters.listed()) if model.adapters is not None else 0
+        wanted = 2 * (listed + 1)  # per-agent adapters: each adapter's newest version and one older in flight
+        if listed and "max_loras" not in config.model_fields_set and config.max_loras < wanted:
+            config = config.model_copy(update={"max_loras": wanted})
         return config
 
 

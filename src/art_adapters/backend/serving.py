@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..agent_adapters import UnsupportedPerAgentSetting, served_name
 from ..model import TrainableModel
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ class Registered:
 
 
 async def publish_step(state: Registered, step: int) -> None:
-    """Serve `checkpoints/{step}` as the model's newest version (`{project}/{name}@{step}`)."""
+    """Serve `checkpoints/{step}` as the model's newest version (`{project}/{name}@{step}`), and with per-agent
+    adapters each agent's `checkpoints/{step}/agents/{adapter}` as `{project}/{name}.{adapter}@{step}`; then
+    capture routes those agents' calls to them."""
     from .. import checkpoints
     from ..inference import InferenceServerError
 
@@ -56,6 +59,47 @@ async def publish_step(state: Registered, step: int) -> None:
                 "adapter for many architectures (Qwen2 among them); train without modules_to_save"
             )
         raise
+    if state.model.adapters is None:
+        return
+    agents = checkpoints.checkpoint_agents(path)
+    for adapter in agents:
+        await state.gateway.publish(
+            served_name(state.name, adapter),
+            served_name(state.model.name, adapter),
+            step,
+            checkpoints.agent_checkpoint_dir(path, adapter),
+        )
+    state.model.route_agents(state.name, agents)
+
+
+def agent_keys(state: Registered, step: int | None = None) -> list[str]:
+    """The served keys of the model's agents' adapters (`{project}/{name}.{adapter}`) its gateway knows (those of
+    checkpoint `step` when given)."""
+    from .. import checkpoints
+
+    if state.model.adapters is None:
+        return []
+    if step is not None:
+        adapters = checkpoints.checkpoint_agents(checkpoints.checkpoint_dir(state.directory, step))
+        return [served_name(state.name, a) for a in adapters]
+    prefix = state.name + "."
+    return [key for key in state.gateway.models if key.startswith(prefix)]
+
+
+def engine_adapter_room(max_loras: int, model: TrainableModel) -> int | None:
+    """How many adapters of this model (the shared one included) the engine can hold while one more loads; a
+    ValueError with the numbers when a fixed `PerAgent(agents=...)` list does not fit. None without PerAgent."""
+    if model.adapters is None:
+        return None
+    room = max_loras - 1
+    listed = len(model.adapters.listed())
+    if listed and listed + 1 > room:
+        raise UnsupportedPerAgentSetting(
+            f"model {model.name!r}: PerAgent(agents=...) lists {listed} agents, so {listed + 1} adapters (with the "
+            f"shared one) are served at once, plus one loading: max_loras >= {listed + 2}, but the engine has "
+            f"max_loras={max_loras}; raise InferenceConfig.max_loras (or the model's inference={{'max_loras': ...}})"
+        )
+    return room
 
 
 def required_lora_rank(base_model: Path, model: TrainableModel) -> int:

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..agent_adapters import served_name
+from ..checkpoints import agent_checkpoint_dir, checkpoint_agents
 from ..model import Model, TrainableModel
 from .placement import placement_of, trainer_settings
-from .serving import Registered, publish_step, served_prompt_logprobs
+from .serving import Registered, engine_adapter_room, publish_step, served_prompt_logprobs
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
@@ -99,16 +101,27 @@ class TrainerHost:
             return state.trainer
 
     async def served_logprob_diff(
-        self, model: TrainableModel, token_ids: list[int], step: int | None = None
+        self,
+        model: TrainableModel,
+        token_ids: list[int],
+        step: int | None = None,
+        *,
+        agent: str | None = None,
     ) -> float:
         """Max |vLLM logprob - trainer logprob| over `token_ids[1:]` for the adapter served as `name` (or
-        `name@step`). Catches a hot-swap that silently left vLLM on another adapter (or the base model)."""
+        `name@step`; with `agent`, that agent's adapter `name.{agent}`). Catches a hot-swap that silently left vLLM
+        on another adapter (or the base model)."""
         state = self._registered(model)
-        served = await served_prompt_logprobs(
-            state.server, state.gateway.adapter_name(state.name, step), token_ids
-        )
+        key = state.name if agent is None else served_name(state.name, agent)
+        served = await served_prompt_logprobs(state.server, state.gateway.adapter_name(key, step), token_ids)
+
+        def score(trainer: Any) -> list[float]:
+            if agent is None:
+                return trainer.logprobs_of(token_ids)
+            return trainer.adapter_logprobs(agent, token_ids)
+
         async with state.lock:  # the engine sleeps while the trainer scores, on a shared GPU
-            ours = await self._run_trainer(state, lambda trainer: trainer.logprobs_of(token_ids))
+            ours = await self._run_trainer(state, score)
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
     def dedicated(self, state: Registered) -> bool:
@@ -228,9 +241,23 @@ class TrainerHost:
             settings = trainer_settings(self._plan(model), Trainer)
             if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
                 settings["max_seq_len"] = engine_max_len
-            trainer = Trainer(
-                model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None, **settings
-            )
+            device = f"cuda:{gpus[0]}" if gpus else None
+            if model.adapters is not None:  # one adapter per agent on the one base (PEFT)
+                from ..training.per_agent import PerAgentTrainer
+
+                max_loras = getattr(self, "_model_max_loras", {}).get(directory)
+                room = engine_adapter_room(max_loras, model) if max_loras is not None else None
+                settings.pop("engine", None)
+                trainer = PerAgentTrainer(
+                    model.base_model,
+                    model.lora,
+                    per_agent=model.adapters,
+                    max_adapters=room,
+                    device=device,
+                    **settings,
+                )
+            else:
+                trainer = Trainer(model.base_model, model.lora, device=device, **settings)
         try:
             steps = checkpoints.list_steps(directory)
             if steps:
@@ -393,6 +420,10 @@ class TrainerHost:
         """Serve the step just saved (the engine awake): a renamed folder keeps answering as the same weights."""
         if moved is not None:
             await state.gateway.moved(state.name, old, moved)  # still served (same weights)
+            for adapter in checkpoint_agents(moved):  # per-agent adapters moved with it
+                await state.gateway.moved(
+                    served_name(state.name, adapter), old, agent_checkpoint_dir(moved, adapter)
+                )
         await publish_step(state, state.step)
 
 
