@@ -80,3 +80,51 @@ async def test_a_supervisor_and_two_workers_train_one_step_each_on_its_own_adapt
             not torch.equal(a, p) for a, p in zip(before[adapter], trainer.slots[adapter].params, strict=True)
         ]
         assert any(moved), adapter
+
+
+@aio
+async def test_an_agents_sdk_handoff_pair_trains_one_step_each_on_its_own_adapter() -> None:
+    import openai
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+
+    from art_adapters.openai_agents import wrap_rollout as agents_rollout
+
+    set_tracing_disabled(True)
+    handoff = Reply(tool_calls=[{"name": "transfer_to_billing", "arguments": {}, "id": "h1"}])
+    script = [handoff, Reply(content="Billing: 4%."), handoff, Reply(content="It is 5%.")]
+    per_agent = art.PerAgent(by="agent")
+    with ScriptedServer(script) as server:
+        model = art.TrainableModel(
+            name="m",
+            project="p",
+            base_model=str(tiny_model_path()),
+            adapters=per_agent,
+            inference_base_url=server.base_url,
+            inference_api_key="x",
+            inference_model_name="p/m",
+        )
+        model.route_agents("p/m", ["triage", "billing"])
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        llm = OpenAIChatCompletionsModel(model=model.get_inference_name(), openai_client=client)
+        billing = Agent(name="billing", instructions="Handle billing.", model=llm)
+        triage = Agent(name="triage", instructions="Route.", model=llm, handoffs=[billing])
+
+        @agents_rollout(model, request_token_ids=True)
+        async def rollout() -> None:
+            await Runner.run(triage, "What is the rate?")
+
+        trajectories = [await rollout(), await rollout()]
+    assert [r["model"] for r in server.requests] == ["p/m.triage", "p/m.billing"] * 2
+    trajectories[0].reward, trajectories[1].reward = 1.0, 0.0
+    trainer = PerAgentTrainer(tiny_model_path(), LoRAConfig(rank=4, alpha=8), per_agent=per_agent)
+    fresh = [p.detach().clone() for p in trainer.slots[""].params]  # every adapter's start
+    metrics = trainer.train_step([art.TrajectoryGroup(trajectories)], TrainConfig(learning_rate=1e-2))
+    assert trainer.agents == ["billing", "triage"] and metrics["step"] == 1
+    assert metrics["agent/billing/trained_tokens"] > 0 and metrics["agent/triage/trained_tokens"] > 0
+    assert all(
+        torch.equal(a, p) for a, p in zip(fresh, trainer.slots[""].params, strict=True)
+    )  # no shared call
+    billing = trainer.slots["billing"].params
+    assert any(
+        not torch.equal(a, p) for a, p in zip(fresh, billing, strict=True)
+    )  # the triage calls are identical in both rollouts: their gradients cancel

@@ -9,14 +9,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..agent_adapters import UnsupportedPerAgentSetting
 from ..config import SFTConfig, TrainConfig
 from ..model import Model, TrainableModel, check_model_name, check_name
 from ..model_log import all_trajectories, best_step, record_log, rollout_metrics
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
-from .serving import Registered, agent_keys, engine_adapter_room, publish_step, required_lora_rank
+from .serving import (
+    Registered,
+    check_one_process,
+    engine_adapter_room,
+    forget_all,
+    publish_step,
+    required_lora_rank,
+    sized_for_agents,
+)
 from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
@@ -110,11 +117,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         from ..inference.gateway import gateway_of
 
         base = validate_model_dir(model.base_model)  # clear errors before any server starts
-        if model.adapters is not None and (self._trainer_processes(model) > 1 or self.trainer_nodes > 1):
-            raise UnsupportedPerAgentSetting(
-                f"model {model.name!r}: adapters=PerAgent(...) is not supported by the sharded trainer "
-                "(trainer_processes > 1, several trainer GPUs or nodes) yet: train per-agent adapters in one process"
-            )
+        check_one_process(model, self._trainer_processes(model) > 1 or self.trainer_nodes > 1)
         rank = required_lora_rank(base, model)
         if model.lora.modules_to_save:
             from ..training.adapter_io import vllm_unservable_modules
@@ -187,8 +190,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 try:
                     await publish_step(state, state.step)
                 except BaseException:  # a failed registration leaves no name, and no trainer, behind
-                    for key in [state.name, *agent_keys(state)]:
-                        await gateway.forget(key)
+                    await forget_all(state)
                     await self._drop_trainer(state)
                     raise
                 self._models[directory] = state
@@ -327,8 +329,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         deleted = checkpoints.delete_checkpoints(directory, keep)
         state = self._models.get(directory)
         if state is not None and deleted:
-            for key in [state.name, *agent_keys(state)]:
-                await state.gateway.forget(key, deleted)
+            await forget_all(state, deleted)
         return deleted
 
     async def close(self) -> None:
@@ -339,8 +340,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         owned, self._owned = self._owned, []
         for state in self._models.values():
             if state.server not in owned:
-                for key in [state.name, *agent_keys(state)]:
-                    await state.gateway.forget(key)
+                await forget_all(state)
             if state.trainer is not None:
                 await asyncio.to_thread(state.trainer.close)
         for server in owned:
@@ -450,11 +450,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     f"but InferenceConfig.max_lora_rank={config.max_lora_rank}"
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
-        listed = len(model.adapters.listed()) if model.adapters is not None else 0
-        wanted = 2 * (listed + 1)  # per-agent adapters: each adapter's newest version and one older in flight
-        if listed and "max_loras" not in config.model_fields_set and config.max_loras < wanted:
-            config = config.model_copy(update={"max_loras": wanted})
-        return config
+        return sized_for_agents(config, model)
 
 
 def _sft_part(trainer: Any, batch: list[Trajectory] | None, config: SFTConfig, last: bool) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from ..agent_adapters import UnsupportedPerAgentSetting, served_name
 from ..model import TrainableModel
 
 if TYPE_CHECKING:
-    from ..inference import VLLMServer
+    from ..inference import InferenceConfig, VLLMServer
     from ..inference.gateway import Gateway
     from ..training.sharded import ShardedTrainer
     from ..training.trainer import Trainer
@@ -135,3 +135,28 @@ async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids:
     for entry, token in zip(entries[1:], token_ids[1:], strict=True):
         out.append(float(entry[str(token)]["logprob"]))
     return out
+
+
+def check_one_process(model: TrainableModel, sharded: bool) -> None:
+    """Per-agent adapters train in one process: a sharded trainer is refused before anything loads."""
+    if model.adapters is not None and sharded:
+        raise UnsupportedPerAgentSetting(
+            f"model {model.name!r}: adapters=PerAgent(...) is not supported by the sharded trainer "
+            "(trainer_processes > 1, several trainer GPUs or nodes) yet: train per-agent adapters in one process"
+        )
+
+
+def sized_for_agents(config: InferenceConfig, model: TrainableModel) -> InferenceConfig:
+    """A fixed `PerAgent(agents=...)` list of N: `max_loras` at least 2 x (N + 1) unless set (each adapter's newest
+    version and one older still in flight); a setting too small is refused at registration (`engine_adapter_room`)."""
+    listed = len(model.adapters.listed()) if model.adapters is not None else 0
+    wanted = 2 * (listed + 1)
+    if listed and "max_loras" not in config.model_fields_set and config.max_loras < wanted:
+        return config.model_copy(update={"max_loras": wanted})
+    return config
+
+
+async def forget_all(state: Registered, steps: list[int] | None = None) -> None:
+    """Stop serving `steps` (None: all) of the model and of its agents' adapters."""
+    for key in [state.name, *agent_keys(state)]:
+        await state.gateway.forget(key, steps)
