@@ -155,3 +155,23 @@ async def test_recording_endpoint_routes_by_the_role_header() -> None:
             endpoint.stop()
     assert [r["model"] for r in server.requests] == ["p/m.critic", "p/m"]
     assert [c.source.role for c in trajectory.llm_calls] == ["critic", None]
+
+
+@aio
+async def test_backends_refuse_what_they_cannot_do_before_anything_starts(tmp_path) -> None:
+    from art_adapters.inference import InferenceConfig
+    from art_adapters.tiny import tiny_model_path
+
+    def model(agents: list[str] | None = None) -> art.TrainableModel:
+        return art.TrainableModel(
+            name="m", project="p", base_model=str(tiny_model_path()), adapters=art.PerAgent(agents=agents)
+        )
+
+    with pytest.raises(art.UnsupportedPerAgentSetting, match="RemoteBackend"):
+        await model().register(art.RemoteBackend("http://127.0.0.1:9", api_key="k"))
+    with pytest.raises(art.UnsupportedPerAgentSetting, match="sharded trainer"):
+        await model().register(art.LocalBackend(tmp_path / "a", trainer_processes=2))
+    small = art.LocalBackend(tmp_path / "b", inference=InferenceConfig(max_loras=3))
+    with pytest.raises(art.UnsupportedPerAgentSetting, match=r"lists 2 agents.*max_loras >= 4.*max_loras=3"):
+        await model(["a", "b"]).register(small)
+    assert small._servers == {} and not any(tmp_path.rglob("checkpoints"))  # no engine, no trainer, no files

@@ -254,6 +254,13 @@ class PerAgentTrainer(Trainer):
                 key,
             )
 
+    def sft_step(self, trajectories: list[Any], config: Any) -> Metrics:
+        """Refused: SFT would train the shared adapter only, and the agents' adapters start fresh, not from it."""
+        raise UnsupportedPerAgentSetting(
+            "train_sft with adapters=PerAgent(...) is not supported yet: it would train only the shared adapter "
+            "(the agents' adapters start fresh); warm-start without PerAgent, or train with RL steps"
+        )
+
     # --- state -------------------------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> Path:
