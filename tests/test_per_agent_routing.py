@@ -175,3 +175,16 @@ async def test_backends_refuse_what_they_cannot_do_before_anything_starts(tmp_pa
     with pytest.raises(art.UnsupportedPerAgentSetting, match=r"lists 2 agents.*max_loras >= 4.*max_loras=3"):
         await model(["a", "b"]).register(small)
     assert small._servers == {} and not any(tmp_path.rglob("checkpoints"))  # no engine, no trainer, no files
+
+
+def test_the_async_pipeline_counts_agents_adapters_as_the_models_own() -> None:
+    from art_adapters.pipeline.versions import own_names, sampled_spans
+
+    def call(served: str) -> art.LLMCall:
+        return art.LLMCall(request={}, completion_token_ids=[1, 2], policy_version=3, served_model=served)
+
+    trajectory = art.Trajectory(llm_calls=[call("p/m.planner@3"), call("p/m@3"), call("p/judge@3")])
+    per_agent = art.TrainableModel(name="m", project="p", base_model="x", adapters=art.PerAgent())
+    assert list(sampled_spans(trajectory, own_names(per_agent))) == [(3, 2), (3, 2)]  # not the judge's
+    single = art.TrainableModel(name="m", project="p", base_model="x")
+    assert list(sampled_spans(trajectory, own_names(single))) == [(3, 2)]
