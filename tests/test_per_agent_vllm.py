@@ -75,3 +75,34 @@ async def test_a_step_on_agent_a_trains_a_only_and_each_agent_is_served_its_own_
         assert shared.llm_calls[0].served_model == "agents/m@1"
     finally:
         await backend.close()
+
+
+@aio
+async def test_an_agent_first_seen_mid_run_is_served_by_its_fresh_adapter_once_trained(
+    vllm_server: VLLMServer, tmp_path
+) -> None:
+    backend = art.LocalBackend(tmp_path / "art").use_server(vllm_server)
+    model = art.TrainableModel(
+        name="m",
+        project="open",
+        base_model=str(vllm_server.base_model),
+        lora=art.LoRAConfig(rank=8, alpha=16),
+        adapters=art.PerAgent(by="role"),  # no fixed list: every role gets an adapter
+    )
+    await model.register(backend)
+    try:
+        trajectories = [await as_agent(model, "scout", k) for k in range(4)]
+        assert {t.llm_calls[0].served_model for t in trajectories} == {"open/m@0"}  # not served yet: shared
+        for k, trajectory in enumerate(trajectories):
+            trajectory.reward = float(k)
+        metrics = await model.train([art.TrajectoryGroup(trajectories)], art.TrainConfig(learning_rate=5e-2))
+        assert metrics["agent/scout/trained_tokens"] > 0
+        after = await as_agent(model, "scout", 9)
+        assert after.llm_calls[0].served_model == "open/m.scout@1"
+        call = trajectories[0].llm_calls[0]
+        ids = list(call.prompt_token_ids or []) + list(call.completion_token_ids or [])
+        assert await backend.served_logprob_diff(model, ids, agent="scout") <= SWAP_TOLERANCE
+        assert await model.delete_checkpoints() == [0]  # step 0's versions, the agents' too, leave the engine
+        assert "open/m.scout" in backend._registered(model).gateway.models
+    finally:
+        await backend.close()
