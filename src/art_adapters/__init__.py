@@ -15,6 +15,7 @@ from .adapters.rollout_scope import (
     trajectory_group,
     yield_trajectory,
 )
+from .agent_adapters import PerAgent, UnsupportedPerAgentSetting
 from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
 from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, UnsupportedARTSetting
 from .config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig, TrainSFTConfig
@@ -166,6 +167,8 @@ __all__ = [
     "TrainResult",
     "TrainSFTConfig",
     "TrainableModel",
+    "PerAgent",
+    "UnsupportedPerAgentSetting",
     "Trajectory",
     "TrajectoryGroup",
     "UnsupportedARTSetting",

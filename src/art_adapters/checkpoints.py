@@ -33,6 +33,24 @@ def checkpoint_dir(model_dir: str | Path, step: int) -> Path:
     return checkpoints_dir(model_dir) / f"{step:04d}"
 
 
+AGENTS_DIR = (
+    "agents"  # per-agent adapters (`art.PerAgent`): `{step}/agents/{adapter}/`, the shared one at `{step}/`
+)
+
+
+def agent_checkpoint_dir(checkpoint: str | Path, adapter: str) -> Path:
+    """Where a checkpoint keeps one agent's adapter (and its optimizer state)."""
+    return Path(checkpoint) / AGENTS_DIR / adapter
+
+
+def checkpoint_agents(checkpoint: str | Path) -> list[str]:
+    """The agents' adapters a checkpoint holds (sorted; none for a model without per-agent adapters)."""
+    root = Path(checkpoint) / AGENTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "adapter_config.json").is_file())
+
+
 def serving_files(checkpoint: str | Path) -> list[Path]:
     """The files of a checkpoint a server needs (the adapter and its config), not the trainer's state."""
     root = Path(checkpoint)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from .agent_adapters import AgentRouting, PerAgent, UnsupportedPerAgentSetting
 from .config import LoRAConfig, SFTConfig, TrainConfig
 from .costs import CostCalculator, no_cost
 from .trajectories import Trajectory, TrajectoryGroup
@@ -192,8 +193,14 @@ class Model(BaseModel):
                 request_token_ids=token_ids,
                 annotate_choices=token_ids,
                 logprobs_mode=self._endpoint.logprobs_mode if self._endpoint else None,
+                routing=self.agent_routing(),
             )
         return self._client
+
+    def agent_routing(self) -> AgentRouting | None:
+        """Per-agent adapters' routing for capture (a TrainableModel with `adapters=art.PerAgent(...)`, once
+        registered); None otherwise."""
+        return None
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Keyword arguments for `litellm.acompletion(...)` that reach this model (ART's helper)."""
@@ -294,6 +301,11 @@ class TrainableModel(Model):
         default_factory=dict,
         description=f"Inference-server settings this model asks for: {sorted(MODEL_INFERENCE_FIELDS)}.",
     )
+    adapters: PerAgent | None = Field(
+        None,
+        description="`art.PerAgent(...)`: one LoRA adapter per agent on the shared base (docs/multi-agent.md).",
+    )
+    _agent_routing: AgentRouting | None = PrivateAttr(default=None)
     _internal_config: dict[str, Any] | None = PrivateAttr(default=None)
     _client_engine_args: dict[str, Any] = PrivateAttr(default_factory=dict)
     _cost_calculator: CostCalculator = PrivateAttr(default_factory=lambda: no_cost)
@@ -312,6 +324,29 @@ class TrainableModel(Model):
         super().__init__(**data)
         if internal is not None:
             self._internal_config = dict(internal)
+
+    @model_validator(mode="after")
+    def _per_agent_settings(self) -> TrainableModel:
+        if self.adapters is not None and self.lora.modules_to_save:
+            raise UnsupportedPerAgentSetting(
+                f"adapters=PerAgent(...) with LoRAConfig.modules_to_save={self.lora.modules_to_save}: each agent "
+                "would need its own full module copy, and vLLM serves none for several adapters; train without it"
+            )
+        return self
+
+    def agent_routing(self) -> AgentRouting | None:
+        return self._agent_routing
+
+    def route_agents(self, model_key: str, served: list[str]) -> None:
+        """Called by the backend whenever it publishes: capture routes each agent among `served` (adapter names) to
+        `{model_key}.{adapter}`; the others stay on the shared adapter. A no-op without `adapters`."""
+        if self.adapters is None:
+            return
+        routing = self._agent_routing
+        if routing is None or routing.model_key != model_key or routing.per_agent is not self.adapters:
+            routing = self._agent_routing = AgentRouting(self.adapters, model_key, self.name)
+            self._client = None  # built again with the routing
+        routing.set_served(served)
 
     @field_validator("inference")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 
+from .agent_adapters import AgentRouting
 from .capture.transport import AsyncRecordingTransport, RecordingTransport
 
 # Generous pool: 256+ concurrent rollouts against one endpoint must not queue on connections.
@@ -38,6 +39,7 @@ def http_client(
     request_token_ids: bool = False,
     annotate_choices: bool = False,
     logprobs_mode: str | None = None,
+    routing: AgentRouting | None = None,
     transport: Any | None = None,
     httpx_module: ModuleType = httpx,
     **client_kw: Any,
@@ -53,6 +55,7 @@ def http_client(
         request_token_ids=request_token_ids,
         annotate_choices=annotate_choices,
         logprobs_mode=logprobs_mode,
+        routing=routing,
     )
     return hx.Client(transport=recording, **client_kw)
 
@@ -65,6 +68,7 @@ def async_http_client(
     request_token_ids: bool = False,
     annotate_choices: bool = False,
     logprobs_mode: str | None = None,
+    routing: AgentRouting | None = None,
     transport: Any | None = None,
     httpx_module: ModuleType = httpx,
     **client_kw: Any,
@@ -80,6 +84,7 @@ def async_http_client(
         request_token_ids=request_token_ids,
         annotate_choices=annotate_choices,
         logprobs_mode=logprobs_mode,
+        routing=routing,
     )
     return hx.AsyncClient(transport=recording, **client_kw)
 
@@ -91,6 +96,7 @@ def async_openai_client(
     request_token_ids: bool = False,
     annotate_choices: bool = False,
     logprobs_mode: str | None = None,
+    routing: AgentRouting | None = None,
     http_client: httpx.AsyncClient | None = None,
     **kw: Any,
 ) -> openai.AsyncOpenAI:
@@ -99,6 +105,7 @@ def async_openai_client(
         request_token_ids=request_token_ids,
         annotate_choices=annotate_choices,
         logprobs_mode=logprobs_mode,
+        routing=routing,
         httpx_module=native_httpx(),
     )
     return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=client, **kw)  # type: ignore[arg-type]
@@ -111,6 +118,7 @@ def openai_client(
     request_token_ids: bool = False,
     annotate_choices: bool = False,
     logprobs_mode: str | None = None,
+    routing: AgentRouting | None = None,
     http_client: httpx.Client | None = None,
     **kw: Any,
 ) -> openai.OpenAI:
@@ -119,6 +127,7 @@ def openai_client(
         request_token_ids=request_token_ids,
         annotate_choices=annotate_choices,
         logprobs_mode=logprobs_mode,
+        routing=routing,
         httpx_module=native_httpx(),
     )
     return openai.OpenAI(base_url=base_url, api_key=api_key, http_client=client, **kw)  # type: ignore[arg-type]

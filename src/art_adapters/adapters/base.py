@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
 
+from ..agent_adapters import AgentRouting
 from ..calls import endpoint_kind
 from ..capture import AsyncRecordingTransport, RecordingTransport, capture
 from ..sources import SplitBy
@@ -54,6 +55,9 @@ class Route:
     request_token_ids: bool = False
     model: Model | None = None
     logprobs_mode: str | None = None
+    routing: AgentRouting | None = (
+        None  # per-agent adapters: each call's model name becomes its agent's adapter
+    )
 
     def matches(self, url: Any) -> bool:
         text = str(url)
@@ -81,7 +85,14 @@ def route_for(
         request_token_ids = bool(endpoint is not None and getattr(endpoint, "supports_token_ids", False))
     normalized = tuple(sorted({str(p).rstrip("/") + "/" for p in prefixes}))
     mode = getattr(endpoint, "logprobs_mode", None) if endpoint is not None else None
-    return Route(prefixes=normalized, request_token_ids=request_token_ids, model=model, logprobs_mode=mode)
+    routing = getattr(model, "agent_routing", lambda: None)() if model is not None else None
+    return Route(
+        prefixes=normalized,
+        request_token_ids=request_token_ids,
+        model=model,
+        logprobs_mode=mode,
+        routing=routing,
+    )
 
 
 # ---- the scoped transport hook ---------------------------------------------------------------------------------
@@ -203,6 +214,7 @@ def _wrap(transport: Any, route: Route, is_async: bool, is_httpx2: bool) -> Any:
     options: dict[str, Any] = {
         "request_token_ids": route.request_token_ids,
         "logprobs_mode": route.logprobs_mode,
+        "routing": route.routing,
     }
     if not is_httpx2:
         return (

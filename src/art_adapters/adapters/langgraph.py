@@ -68,13 +68,16 @@ def init_chat_model(
     mode = (
         route.logprobs_mode if route is not None and route.model is bound else route_for(bound).logprobs_mode
     )
+    routing = route_for(bound).routing  # per-agent adapters: each call goes to its agent's adapter
     kwargs.setdefault("temperature", 1.0)
     kwargs.setdefault("stream_usage", True)
     return ChatOpenAI(
         model=name or bound.get_inference_name(),
         base_url=bound.inference_base_url,
         api_key=bound.inference_api_key or "none",
-        http_client=http_client(request_token_ids=request_token_ids, logprobs_mode=mode),
-        http_async_client=async_http_client(request_token_ids=request_token_ids, logprobs_mode=mode),
+        http_client=http_client(request_token_ids=request_token_ids, logprobs_mode=mode, routing=routing),
+        http_async_client=async_http_client(
+            request_token_ids=request_token_ids, logprobs_mode=mode, routing=routing
+        ),
         **kwargs,
     )

@@ -37,6 +37,7 @@ def chat_completions_model(
         base_url=bound.inference_base_url,
         api_key=bound.inference_api_key or "none",
         request_token_ids=request_token_ids,
+        routing=route_for(bound).routing,  # per-agent adapters: each call goes to its agent's adapter
         **client_kw,
     )
     return OpenAIChatCompletionsModel(model=bound.get_inference_name(), openai_client=client)

@@ -15,7 +15,17 @@ from ..model_log import all_trajectories, best_step, record_log, rollout_metrics
 from ..trajectories import Trajectory, TrajectoryGroup
 from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
-from .serving import Registered, publish_step, required_lora_rank, servable_steps, serve_checkpoint
+from .serving import (
+    Registered,
+    check_one_process,
+    engine_adapter_room,
+    forget_all,
+    publish_step,
+    required_lora_rank,
+    servable_steps,
+    serve_checkpoint,
+    sized_for_agents,
+)
 from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
@@ -77,6 +87,9 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         self._model_max_len: dict[
             Path, int
         ] = {}  # by model folder: its engine's max_model_len (the trainer's too)
+        self._model_max_loras: dict[
+            Path, int
+        ] = {}  # by model folder: its engine's max_loras (per-agent room)
         self._lock = asyncio.Lock()
 
     def use_server(self, server: VLLMServer) -> LocalBackend:
@@ -106,6 +119,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         from ..inference.gateway import gateway_of
 
         base = validate_model_dir(model.base_model)  # clear errors before any server starts
+        check_one_process(model, self._trainer_processes(model) > 1 or self.trainer_nodes > 1)
         rank = required_lora_rank(base, model)
         if model.lora.modules_to_save:
             from ..training.adapter_io import vllm_unservable_modules
@@ -131,7 +145,10 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     f"{base.name} was started with max_lora_rank={server.config.max_lora_rank}"
                 )
             self._model_plans[directory] = self._base_plans.get(base)
-            self._model_max_len[directory] = (config if server is None else server.config).max_model_len
+            engine = config if server is None else server.config
+            self._model_max_len[directory] = engine.max_model_len
+            engine_adapter_room(engine.max_loras, model)  # per-agent adapters: more than it holds, refused
+            self._model_max_loras[directory] = engine.max_loras
             try:
                 self.shares_cuda_gpu(model, config if server is None else server.config)  # placement checked
             except BaseException:
@@ -175,7 +192,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 try:
                     await publish_step(state, state.step)
                 except BaseException:  # a failed registration leaves no name, and no trainer, behind
-                    await gateway.forget(state.name)
+                    await forget_all(state)
                     await self._drop_trainer(state)
                     raise
                 self._models[directory] = state
@@ -314,7 +331,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         deleted = checkpoints.delete_checkpoints(directory, keep)
         state = self._models.get(directory)
         if state is not None and deleted:
-            await state.gateway.forget(state.name, deleted)
+            await forget_all(state, deleted)
         return deleted
 
     async def checkpoint_steps(self, model: TrainableModel) -> list[int]:
@@ -334,7 +351,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         owned, self._owned = self._owned, []
         for state in self._models.values():
             if state.server not in owned:
-                await state.gateway.forget(state.name)
+                await forget_all(state)
             if state.trainer is not None:
                 await asyncio.to_thread(state.trainer.close)
         for server in owned:
@@ -444,7 +461,7 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     f"but InferenceConfig.max_lora_rank={config.max_lora_rank}"
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
-        return config
+        return sized_for_agents(config, model)
 
 
 def _sft_part(trainer: Any, batch: list[Trajectory] | None, config: SFTConfig, last: bool) -> dict[str, Any]:

@@ -72,6 +72,13 @@ class RemoteBackend(ARTTraining):
     # ---- the protocol -------------------------------------------------------------------------------------
 
     async def register(self, model: Model) -> InferenceEndpoint:
+        if getattr(model, "adapters", None) is not None:
+            from ..agent_adapters import UnsupportedPerAgentSetting
+
+            raise UnsupportedPerAgentSetting(
+                f"model {model.name!r}: adapters=PerAgent(...) is not supported by RemoteBackend yet (per-agent "
+                "routing, serving and training run with LocalBackend); register it with a LocalBackend"
+            )
         asked = model.inference_settings() if model.trainable else {}  # type: ignore[attr-defined]
         if asked:
             raise RemoteBackendError(

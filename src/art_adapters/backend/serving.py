@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..agent_adapters import UnsupportedPerAgentSetting, served_name
 from ..model import TrainableModel
 
 if TYPE_CHECKING:
-    from ..inference import VLLMServer
+    from ..inference import InferenceConfig, VLLMServer
     from ..inference.gateway import Gateway
     from ..training.sharded import ShardedTrainer
     from ..training.trainer import Trainer
@@ -43,7 +44,9 @@ class Registered:
 
 
 async def publish_step(state: Registered, step: int) -> None:
-    """Serve `checkpoints/{step}` as the model's newest version (`{project}/{name}@{step}`)."""
+    """Serve `checkpoints/{step}` as the model's newest version (`{project}/{name}@{step}`), and with per-agent
+    adapters each agent's `checkpoints/{step}/agents/{adapter}` as `{project}/{name}.{adapter}@{step}`; then
+    capture routes those agents' calls to them."""
     from .. import checkpoints
     from ..inference import InferenceServerError
 
@@ -57,6 +60,47 @@ async def publish_step(state: Registered, step: int) -> None:
                 "adapter for many architectures (Qwen2 among them); train without modules_to_save"
             )
         raise
+    if state.model.adapters is None:
+        return
+    agents = checkpoints.checkpoint_agents(path)
+    for adapter in agents:
+        await state.gateway.publish(
+            served_name(state.name, adapter),
+            served_name(state.model.name, adapter),
+            step,
+            checkpoints.agent_checkpoint_dir(path, adapter),
+        )
+    state.model.route_agents(state.name, agents)
+
+
+def agent_keys(state: Registered, step: int | None = None) -> list[str]:
+    """The served keys of the model's agents' adapters (`{project}/{name}.{adapter}`) its gateway knows (those of
+    checkpoint `step` when given)."""
+    from .. import checkpoints
+
+    if state.model.adapters is None:
+        return []
+    if step is not None:
+        adapters = checkpoints.checkpoint_agents(checkpoints.checkpoint_dir(state.directory, step))
+        return [served_name(state.name, a) for a in adapters]
+    prefix = state.name + "."
+    return [key for key in state.gateway.models if key.startswith(prefix)]
+
+
+def engine_adapter_room(max_loras: int, model: TrainableModel) -> int | None:
+    """How many adapters of this model (the shared one included) the engine can hold while one more loads; a
+    ValueError with the numbers when a fixed `PerAgent(agents=...)` list does not fit. None without PerAgent."""
+    if model.adapters is None:
+        return None
+    room = max_loras - 1
+    listed = len(model.adapters.listed())
+    if listed and listed + 1 > room:
+        raise UnsupportedPerAgentSetting(
+            f"model {model.name!r}: PerAgent(agents=...) lists {listed} agents, so {listed + 1} adapters (with the "
+            f"shared one) are served at once, plus one loading: max_loras >= {listed + 2}, but the engine has "
+            f"max_loras={max_loras}; raise InferenceConfig.max_loras (or the model's inference={{'max_loras': ...}})"
+        )
+    return room
 
 
 BASE_ADAPTER = "base-adapter"  # in the model folder: step 0 rebuilt once its checkpoint is gone
@@ -152,3 +196,28 @@ async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids:
     for entry, token in zip(entries[1:], token_ids[1:], strict=True):
         out.append(float(entry[str(token)]["logprob"]))
     return out
+
+
+def check_one_process(model: TrainableModel, sharded: bool) -> None:
+    """Per-agent adapters train in one process: a sharded trainer is refused before anything loads."""
+    if model.adapters is not None and sharded:
+        raise UnsupportedPerAgentSetting(
+            f"model {model.name!r}: adapters=PerAgent(...) is not supported by the sharded trainer "
+            "(trainer_processes > 1, several trainer GPUs or nodes) yet: train per-agent adapters in one process"
+        )
+
+
+def sized_for_agents(config: InferenceConfig, model: TrainableModel) -> InferenceConfig:
+    """A fixed `PerAgent(agents=...)` list of N: `max_loras` at least 2 x (N + 1) unless set (each adapter's newest
+    version and one older still in flight); a setting too small is refused at registration (`engine_adapter_room`)."""
+    listed = len(model.adapters.listed()) if model.adapters is not None else 0
+    wanted = 2 * (listed + 1)
+    if listed and "max_loras" not in config.model_fields_set and config.max_loras < wanted:
+        return config.model_copy(update={"max_loras": wanted})
+    return config
+
+
+async def forget_all(state: Registered, steps: list[int] | None = None) -> None:
+    """Stop serving `steps` (None: all) of the model and of its agents' adapters."""
+    for key in [state.name, *agent_keys(state)]:
+        await state.gateway.forget(key, steps)

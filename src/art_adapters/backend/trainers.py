@@ -5,17 +5,18 @@ replacing a trainer that died (a failed rank, a lost process) from the last chec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..agent_adapters import served_name
+from ..checkpoints import agent_checkpoint_dir, checkpoint_agents
 from ..model import Model, TrainableModel
+from .engine_order import drop_abandoned, move_trainer, release_memory, sleep_engine, to_the_end
 from .placement import placement_of, trainer_settings
-from .serving import Registered, publish_step, served_prompt_logprobs
+from .serving import Registered, engine_adapter_room, publish_step, served_prompt_logprobs
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
@@ -99,16 +100,27 @@ class TrainerHost:
             return state.trainer
 
     async def served_logprob_diff(
-        self, model: TrainableModel, token_ids: list[int], step: int | None = None
+        self,
+        model: TrainableModel,
+        token_ids: list[int],
+        step: int | None = None,
+        *,
+        agent: str | None = None,
     ) -> float:
         """Max |vLLM logprob - trainer logprob| over `token_ids[1:]` for the adapter served as `name` (or
-        `name@step`). Catches a hot-swap that silently left vLLM on another adapter (or the base model)."""
+        `name@step`; with `agent`, that agent's adapter `name.{agent}`). Catches a hot-swap that silently left vLLM
+        on another adapter (or the base model)."""
         state = self._registered(model)
-        served = await served_prompt_logprobs(
-            state.server, state.gateway.adapter_name(state.name, step), token_ids
-        )
+        key = state.name if agent is None else served_name(state.name, agent)
+        served = await served_prompt_logprobs(state.server, state.gateway.adapter_name(key, step), token_ids)
+
+        def score(trainer: Any) -> list[float]:
+            if agent is None:
+                return trainer.logprobs_of(token_ids)
+            return trainer.adapter_logprobs(agent, token_ids)
+
         async with state.lock:  # the engine sleeps while the trainer scores, on a shared GPU
-            ours = await self._run_trainer(state, lambda trainer: trainer.logprobs_of(token_ids))
+            ours = await self._run_trainer(state, score)
         return max((abs(a - b) for a, b in zip(served, ours, strict=True)), default=0.0)
 
     def dedicated(self, state: Registered) -> bool:
@@ -157,11 +169,11 @@ class TrainerHost:
                     await asyncio.gather(loading, return_exceptions=True)
                 return loading.result()
             if running:
-                await _sleep(server)
+                await sleep_engine(server)
                 await asyncio.to_thread(release_memory)
             try:
-                trainer = await _to_the_end(load)
-                await _to_the_end(functools.partial(_move, trainer, "offload"))
+                trainer = await to_the_end(load)
+                await to_the_end(functools.partial(move_trainer, trainer, "offload"))
             except BaseException:  # closed (its memory freed) before the engine wakes into that memory
                 while loaded:
                     await asyncio.to_thread(loaded.pop().close)
@@ -228,9 +240,23 @@ class TrainerHost:
             settings = trainer_settings(self._plan(model), Trainer)
             if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
                 settings["max_seq_len"] = engine_max_len
-            trainer = Trainer(
-                model.base_model, model.lora, device=f"cuda:{gpus[0]}" if gpus else None, **settings
-            )
+            device = f"cuda:{gpus[0]}" if gpus else None
+            if model.adapters is not None:  # one adapter per agent on the one base (PEFT)
+                from ..training.per_agent import PerAgentTrainer
+
+                max_loras = getattr(self, "_model_max_loras", {}).get(directory)
+                room = engine_adapter_room(max_loras, model) if max_loras is not None else None
+                settings.pop("engine", None)
+                trainer = PerAgentTrainer(
+                    model.base_model,
+                    model.lora,
+                    per_agent=model.adapters,
+                    max_adapters=room,
+                    device=device,
+                    **settings,
+                )
+            else:
+                trainer = Trainer(model.base_model, model.lora, device=device, **settings)
         try:
             steps = checkpoints.list_steps(directory)
             if steps:
@@ -262,7 +288,7 @@ class TrainerHost:
                 state.trainer = self._load_trainer(state.model, state.directory)
                 return state.trainer
 
-            trainer = await _to_the_end(load)
+            trainer = await to_the_end(load)
             if trainer.step != state.step:  # a save abandoned mid-way that completed: the disk is the truth
                 log.warning(
                     "model %s: the last checkpoint is %04d, not %04d", state.name, trainer.step, state.step
@@ -305,12 +331,12 @@ class TrainerHost:
         shared = not self.dedicated(state)
         saved: tuple[int, Path | None] | None = None
         if shared:
-            await _sleep(state.server)
+            await sleep_engine(state.server)
             await asyncio.to_thread(release_memory)
         try:
             trainer = await self._live_trainer(state)
             if shared:
-                await _to_the_end(functools.partial(_move, trainer, "reload"))
+                await to_the_end(functools.partial(move_trainer, trainer, "reload"))
             before = trainer.step
             running = asyncio.ensure_future(asyncio.to_thread(work, trainer))
             try:
@@ -318,7 +344,7 @@ class TrainerHost:
             except asyncio.CancelledError:
                 state.trainer = None
                 state.abandoned = asyncio.ensure_future(
-                    _drop(running, trainer, state.server if shared else None)
+                    drop_abandoned(running, trainer, state.server if shared else None)
                 )
                 raise
             except BaseException:
@@ -341,7 +367,7 @@ class TrainerHost:
         wakes even when the offload failed; that trainer is then closed)."""
         try:
             if state.trainer is not None:
-                await _to_the_end(functools.partial(_move, state.trainer, "offload"))
+                await to_the_end(functools.partial(move_trainer, state.trainer, "offload"))
         except Exception:
             log.exception("model %s: offloading the trainer failed; closing it", state.name)
             await self._drop_trainer(state)
@@ -381,7 +407,9 @@ class TrainerHost:
         except asyncio.CancelledError:
             shared = not self.dedicated(state)
             state.trainer = None
-            state.abandoned = asyncio.ensure_future(_drop(running, trainer, state.server if shared else None))
+            state.abandoned = asyncio.ensure_future(
+                drop_abandoned(running, trainer, state.server if shared else None)
+            )
             raise
         except BaseException:  # at a step no checkpoint may hold: the next call reloads from disk
             await self._drop_trainer(state)
@@ -393,57 +421,8 @@ class TrainerHost:
         """Serve the step just saved (the engine awake): a renamed folder keeps answering as the same weights."""
         if moved is not None:
             await state.gateway.moved(state.name, old, moved)  # still served (same weights)
+            for adapter in checkpoint_agents(moved):  # per-agent adapters moved with it
+                await state.gateway.moved(
+                    served_name(state.name, adapter), old, agent_checkpoint_dir(moved, adapter)
+                )
         await publish_step(state, state.step)
-
-
-async def _drop(
-    running: asyncio.Future[Any], trainer: Trainer | ShardedTrainer, engine: VLLMServer | None
-) -> None:
-    """Let an abandoned step's thread finish, then release its trainer (its update is in no checkpoint) and, when
-    it shared the engine's GPU, wake the engine into the memory it freed."""
-    await asyncio.gather(running, return_exceptions=True)
-    try:
-        await asyncio.to_thread(trainer.close)
-    finally:
-        if engine is not None:
-            await asyncio.to_thread(release_memory)
-            await engine.wake_up()
-
-
-async def _sleep(engine: VLLMServer) -> None:
-    """engine.sleep(); if it fails or is cancelled (vLLM may sleep all the same), a wake-up (a no-op when awake)."""
-    try:
-        await engine.sleep()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await engine.wake_up()
-        raise
-
-
-async def _to_the_end(work: Callable[[], T]) -> T:
-    """`work()` in a thread, awaited to its end even when the caller is cancelled (re-raised after): a trainer
-    half moved between devices, or loaded with no one holding it, is never left behind."""
-    running = asyncio.ensure_future(asyncio.to_thread(work))
-    try:
-        return await asyncio.shield(running)
-    except asyncio.CancelledError:
-        await asyncio.gather(running, return_exceptions=True)
-        raise
-
-
-def _move(trainer: Trainer | ShardedTrainer, way: str) -> None:
-    """`trainer.offload()` / `.reload()`; a sharded trainer, whose processes hold their own GPUs, has neither."""
-    method = getattr(trainer, way, None)
-    if method is not None:
-        method()
-
-
-def release_memory() -> None:
-    """Collect garbage and return the CUDA caching allocator's free blocks to the device (a no-op without CUDA):
-    what the engine's wake-up, or the trainer's reload, needs to find free."""
-    gc.collect()
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.cuda.empty_cache()  # does nothing before CUDA is initialized

@@ -10,7 +10,8 @@ token ids, sources and chaining as in-process capture.
 
 The rollout id is a random capability (the only key a local agent needs); the upstream key never leaves this
 process. A client that cannot change its base URL per rollout may use `endpoint.base_url` and send the id in an
-`x-art-rollout` header (`endpoint.rollout_id()`). `x-art-role` names the call's role, as `art.role(...)` does.
+`x-art-rollout` header (`endpoint.rollout_id()`). `x-art-role` names the call's role, as `art.role(...)` does;
+with `routing=model.agent_routing()` (per-agent adapters) that role picks the call's adapter (`PerAgent(by="role")`).
 
 With `record=LiveRecorder(store)` (capture/live.py), calls to the shared base URL that name no rollout are
 recorded as production traffic, and `POST /rewards/{trajectory_id}` (bearer `recorder.reward_key`) joins rewards.
@@ -31,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from ..agent_adapters import AgentRouting
 from ..calls import KEY_SCOPE_HEADER
 from ..http_limits import ConnectionLimits, uvicorn_config
 from ..sources import role
@@ -64,8 +66,12 @@ class RecordingEndpoint:
         max_depth: int = 64,
         limits: ConnectionLimits | None = None,
         record: Any = None,
+        routing: AgentRouting | None = None,
     ):
         self.upstream = upstream.rstrip("/")
+        self.routing = (
+            routing  # per-agent adapters: `model.agent_routing()` (each call to its agent's adapter)
+        )
         self.api_key = api_key
         self.request_token_ids = request_token_ids
         self.port = port
@@ -285,7 +291,9 @@ class RecordingEndpoint:
         def run() -> None:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
-            transport = AsyncRecordingTransport(request_token_ids=self.request_token_ids)
+            transport = AsyncRecordingTransport(
+                request_token_ids=self.request_token_ids, routing=self.routing
+            )
             self._client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(600.0, connect=30.0))
             try:
                 loop.run_until_complete(self._server.serve())

@@ -12,8 +12,10 @@ from typing import Any
 
 import httpx
 
+from ..agent_adapters import AgentRouting
 from ..apis.responses import ask_token_ids as ask_responses_token_ids
 from ..calls import ROLLOUT_HEADER, endpoint_kind, policy_token_spans
+from .frameworks import source_of_context
 from .overrides import OVERRIDE, overridden
 from .record import Exchange, decode, served_version
 from .sampling import sampling_note
@@ -60,12 +62,32 @@ def _ask_token_ids(
         payload.setdefault("return_token_ids", True)
         payload.setdefault("logprobs", True)
     body = json.dumps(payload).encode()
+    return _rebuilt(request, body), body, payload
+
+
+def _rebuilt(request: httpx.Request, body: bytes) -> httpx.Request:
     headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _DROP_ON_REWRITE]
     headers.append(("content-length", str(len(body))))
-    new = type(request)(
+    return type(request)(
         request.method, request.url, headers=headers, content=body, extensions=request.extensions
     )
-    return new, body, payload
+
+
+def _routed(
+    request: httpx.Request, body: bytes, payload: dict[str, Any] | None, routing: AgentRouting
+) -> tuple[httpx.Request, bytes, dict[str, Any] | None]:
+    """Per-agent adapters: the request's `model` rewritten to its agent's served adapter (from the call's source,
+    read in the task that sends it), when the routing says so; otherwise the request as it was."""
+    if payload is None:
+        payload = _json_or_none(body)
+        if payload is None:
+            return request, body, None
+    routed = routing.rewrite(payload.get("model"), source_of_context())
+    if routed is None:
+        return request, body, payload
+    payload = {**payload, "model": routed}
+    body = json.dumps(payload).encode()
+    return _rebuilt(request, body), body, payload
 
 
 def _annotated(
@@ -136,13 +158,20 @@ def _wants_annotation(response: httpx.Response, payload: dict[str, Any] | None) 
 
 
 class _Options:
-    __slots__ = ("request_token_ids", "annotate_choices", "logprobs_mode", "rewrites")
+    __slots__ = ("request_token_ids", "annotate_choices", "logprobs_mode", "routing", "rewrites")
 
-    def __init__(self, request_token_ids: bool, annotate_choices: bool, logprobs_mode: str | None) -> None:
+    def __init__(
+        self,
+        request_token_ids: bool,
+        annotate_choices: bool,
+        logprobs_mode: str | None,
+        routing: AgentRouting | None = None,
+    ) -> None:
         self.request_token_ids = request_token_ids
         self.annotate_choices = annotate_choices
         self.logprobs_mode = logprobs_mode
-        self.rewrites = request_token_ids or annotate_choices
+        self.routing = routing
+        self.rewrites = request_token_ids or annotate_choices or routing is not None
 
 
 class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
@@ -150,8 +179,9 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
     POSTs made inside `capture()`.
 
     `request_token_ids`: ask vLLM for token ids and logprobs. `annotate_choices`: copy `prompt_token_ids` into each
-    choice of JSON answers (our backend only; the one case where a body is rewritten). Outside a scope and with
-    both off, requests pass straight through.
+    choice of JSON answers (our backend only; the one case where a body is rewritten). `routing`: per-agent
+    adapters (`art.PerAgent`): the request's model name becomes its agent's adapter. Outside a scope and with all
+    three off, requests pass straight through.
     """
 
     def __init__(
@@ -161,9 +191,10 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
         request_token_ids: bool = False,
         annotate_choices: bool = False,
         logprobs_mode: str | None = None,
+        routing: AgentRouting | None = None,
     ) -> None:
         self.inner = transport if transport is not None else httpx.HTTPTransport()
-        self.options = _Options(request_token_ids, annotate_choices, logprobs_mode)
+        self.options = _Options(request_token_ids, annotate_choices, logprobs_mode, routing)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         trajectory = CURRENT.get()
@@ -178,6 +209,8 @@ class RecordingTransport(*_SYNC_TRANSPORTS):  # type: ignore[misc]
         if override is not None:
             request, body = overridden(request, body, kind, override)
         payload = None
+        if options.routing is not None:
+            request, body, payload = _routed(request, body, payload, options.routing)
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request
@@ -233,9 +266,10 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
         request_token_ids: bool = False,
         annotate_choices: bool = False,
         logprobs_mode: str | None = None,
+        routing: AgentRouting | None = None,
     ) -> None:
         self.inner = transport if transport is not None else httpx.AsyncHTTPTransport()
-        self.options = _Options(request_token_ids, annotate_choices, logprobs_mode)
+        self.options = _Options(request_token_ids, annotate_choices, logprobs_mode, routing)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         trajectory = CURRENT.get()
@@ -250,6 +284,8 @@ class AsyncRecordingTransport(*_ASYNC_TRANSPORTS):  # type: ignore[misc]
         if override is not None:
             request, body = overridden(request, body, kind, override)
         payload = None
+        if options.routing is not None:
+            request, body, payload = _routed(request, body, payload, options.routing)
         if options.request_token_ids and kind in ("chat", "responses"):
             request, body, payload = _ask_token_ids(request, body, kind)
         elif options.annotate_choices and kind == "chat":  # parsed once: the annotation reads the request

@@ -18,12 +18,20 @@ log = logging.getLogger(__name__)
 
 
 def own_names(model: TrainableModel) -> set[str]:
-    """The names a served adapter of `model` carries before its `@step` (the gateway's `{project}/{name}@k`)."""
-    return {f"{model.project}/{model.name}", model.name, model.get_inference_name()}
+    """The names a served adapter of `model` carries before its `@step` (the gateway's `{project}/{name}@k`); with
+    per-agent adapters also `{name}.*`, which stands for every agent's adapter (`{project}/{name}.{adapter}@k`),
+    those added mid-run included."""
+    names = {f"{model.project}/{model.name}", model.name, model.get_inference_name()}
+    if getattr(model, "adapters", None) is not None:
+        names |= {f"{name}.*" for name in names}
+    return names
 
 
 def _own(served: str | None, names: set[str]) -> bool:
-    return bool(served) and served.rpartition("@")[0] in names  # type: ignore[union-attr]
+    if not served:
+        return False
+    base = served.rpartition("@")[0]
+    return base in names or f"{base.rpartition('.')[0]}.*" in names
 
 
 def sampled_spans(trajectory: Trajectory, names: set[str]) -> Iterator[tuple[int, int]]:

@@ -49,14 +49,15 @@ def vllm_max_lora_rank(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
 
 
-def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The adapter's tensors and adapter_config, with every `modules_to_save` module turned into a LoRA delta."""
+def adapter_tensors(model: Any, adapter: str = "default") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The adapter's tensors and adapter_config, with every `modules_to_save` module turned into a LoRA delta
+    (`adapter`: which of the model's PEFT adapters; per-agent trainers hold several)."""
     from peft import get_peft_model_state_dict
 
-    config = model.peft_config[model.active_adapter].to_dict()
+    config = model.peft_config[adapter].to_dict()
     state = {  # whole tensors, gathered from every process when sharded (in the same order on each)
         k: full(v.detach()).to("cpu", torch.float32).contiguous()
-        for k, v in get_peft_model_state_dict(model).items()
+        for k, v in get_peft_model_state_dict(model, adapter_name=adapter).items()
     }
     targets = sorted(config["target_modules"])
     rank_pattern = dict(config.get("rank_pattern") or {})
@@ -89,9 +90,9 @@ def adapter_tensors(model: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return state, config
 
 
-def export_adapter(model: Any, directory: Path) -> dict[str, Any]:
+def export_adapter(model: Any, directory: Path, adapter: str = "default") -> dict[str, Any]:
     """Write adapter_config.json + adapter_model.safetensors (loads in PEFT and in vLLM); returns the config."""
-    state, config = adapter_tensors(model)
+    state, config = adapter_tensors(model, adapter)
     write_adapter(state, config, directory)
     return config
 
@@ -109,10 +110,11 @@ def required_max_lora_rank(config: dict[str, Any]) -> int:
     return vllm_max_lora_rank(max(ranks))
 
 
-def save_trainer(trainer: Trainer, directory: Path) -> Path:
+def save_trainer(trainer: Trainer, directory: Path, adapter: str = "default") -> Path:
     """Adapter + `optimizer.pt` (optimizer, exact trainable tensors, rng) + `trainer_state.json`: the same files
-    of one process (a sharded trainer's are written by shard_io, in the same files)."""
-    config = export_adapter(trainer.model, directory)
+    of one process (a sharded trainer's are written by shard_io, in the same files). `adapter`: the PEFT adapter
+    written, which must be the active (trainable) one, with `trainer.optimizer` its optimizer."""
+    config = export_adapter(trainer.model, directory, adapter)
     params = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     write_trainer_files(trainer, directory, config, params, trainer.optimizer.state_dict())
     return directory

@@ -7,7 +7,7 @@ import copy
 import logging
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import SFTConfig, TrainConfig
@@ -29,6 +29,7 @@ def prepare_groups(
     config: TrainConfig,
     *,
     max_seq_len: int,
+    select: Callable[[CallSource | None], bool] | None = None,
 ) -> tuple[list[TrainSequence], Metrics]:
     """Attach each trajectory's group advantage, computed over the whole group (a trajectory that trains no
     token, say one that never reached a `train_on` node, still counts in its group's baseline), then tokenize
@@ -80,6 +81,7 @@ def prepare_groups(
                 train_unkept_choices=config.train_unkept_choices,
                 train_on=dict(config.train_on) if config.train_on else None,
                 train_retokenized_text=config.train_retokenized_text,
+                select=select,  # per-agent adapters: this adapter's calls (training/per_agent.py)
             )
             unmatched.saw(trajectory, out.sources)
             if out.too_long:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..sources import CallSource, SplitBy
@@ -145,13 +146,15 @@ def tokenize_trajectory(
     train_unkept_choices: bool = False,
     train_on: dict[str, list[str]] | None = None,
     train_retokenized_text: bool = False,
+    select: Callable[[CallSource | None], bool] | None = None,
 ) -> TokenizedTrajectory:
     """Turn one trajectory into training sequences (see the module docstring); skipped if nothing was sampled.
 
     Of a call's n > 1 choices, only those the agent kept (continued by a later call, or appended as a Choice)
     are trained, the first choice when none was; `train_unkept_choices` trains them all under the reward.
     `train_on` trains only the chosen calls' sampled tokens (the others stay in their sequences as context).
-    `train_retokenized_text` also trains assistant turns that carry no sampled ids, re-rendered by the template."""
+    `train_retokenized_text` also trains assistant turns that carry no sampled ids, re-rendered by the template.
+    `select` (per-agent adapters): only calls from a source it accepts are trained, the others are context."""
     name = f"trajectory {trajectory_index} of group {group_index}"
     samples = samples_of(
         trajectory,
@@ -160,7 +163,7 @@ def tokenize_trajectory(
         train_retokenized_text=train_retokenized_text,
     )
     for sample in samples:
-        sample.trained = chosen(sample.source, train_on)
+        sample.trained = chosen(sample.source, train_on) and (select is None or select(sample.source))
     if not samples:  # counted and reported once per step (prepare.py), not warned per trajectory
         reason = f"{name} has no sampled token ids (not captured through our client?); skipped"
         return TokenizedTrajectory(skipped=True, reason=reason, skip_kind="no_sampled_ids")
@@ -186,7 +189,7 @@ def tokenize_trajectory(
         sequence.advantage = advantage
     if not out.sequences:
         out.skipped = True
-        if train_on and not any(s.trained for s in samples):
+        if (train_on or select) and not any(s.trained for s in samples):
             out.reason = f"{name}: no call of it is among train_on={train_on}; skipped"
             out.skip_kind = "not_in_train_on"
         else:
