@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from ..calls import LLMCall
 from ..trajectories import Trajectory
+from .call_rewards import CallRewards, apply_call_rewards
 from .records import (
     MAX_CONTINUATIONS,
     RewardConflict,
@@ -31,7 +32,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
-class TrajectoryStore(ABC):
+class TrajectoryStore(CallRewards, ABC):
     """Trajectories recorded call by call, rewarded later, claimed for training once rewarded."""
 
     placeholder = "?"
@@ -253,73 +254,6 @@ class TrajectoryStore(ABC):
             return "unchanged"
         raise RewardConflict(f"trajectory {trajectory_id!r} already has reward {row[0]} (metrics {row[1]})")
 
-    def set_call_reward(
-        self,
-        trajectory_id: str,
-        index: int,
-        reward: float,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Join the reward of the trajectory's call `index` (0-based, in recorded order): "set", or "unchanged" when
-        the same one (and metrics) was already set; a different one raises RewardConflict, an unknown trajectory
-        KeyError, a call it does not have IndexError, a reward that is not finite ValueError. The trajectory
-        stays open (its own reward decides when it trains); `get` and `claim` give the call its reward, its
-        metrics as `metrics["call{index}/{name}"]`, its metadata as `metadata["call{index}/{name}"]`."""
-        check_id(trajectory_id)
-        reward = finite(reward, "a reward")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise IndexError(f"a call index is an integer >= 0, not {index!r}")
-        encoded = json.dumps(dict(sorted((metrics or {}).items())))
-        meta = json.dumps(dict(metadata or {}))
-
-        def work(cursor: Any) -> tuple[str, Any]:
-            cursor.execute(self._sql("SELECT body FROM art_trajectories WHERE id = ?"), (trajectory_id,))
-            row = cursor.fetchone()
-            if row is None:
-                raise KeyError(trajectory_id)
-            if row[0]:
-                calls = len(load_json(Trajectory, row[0]).llm_calls)
-            else:
-                cursor.execute(
-                    self._sql("SELECT COUNT(*) FROM art_calls WHERE trajectory_id = ?"), (trajectory_id,)
-                )
-                calls = int(cursor.fetchone()[0])
-            if index >= calls:
-                raise IndexError(
-                    f"trajectory {trajectory_id!r} has {calls} recorded call(s): no call {index}"
-                )
-            cursor.execute(
-                self._sql(
-                    "SELECT reward, metrics FROM art_call_rewards WHERE trajectory_id = ? AND call_index = ?"
-                ),
-                (trajectory_id, index),
-            )
-            existing = cursor.fetchone()
-            if existing is not None:
-                return "", existing
-            now = time.time()
-            cursor.execute(
-                self._sql(
-                    "INSERT INTO art_call_rewards (trajectory_id, call_index, reward, metrics, metadata,"
-                    " rewarded_at) VALUES (?, ?, ?, ?, ?, ?)"
-                ),
-                (trajectory_id, index, reward, encoded, meta, now),
-            )
-            cursor.execute(
-                self._sql("UPDATE art_trajectories SET updated_at = ? WHERE id = ?"), (now, trajectory_id)
-            )
-            return "set", None
-
-        outcome, row = self._transact(work)
-        if outcome:
-            return outcome
-        if row[0] == reward and (row[1] or "{}") == encoded:
-            return "unchanged"
-        raise RewardConflict(
-            f"call {index} of trajectory {trajectory_id!r} already has reward {row[0]} (metrics {row[1]})"
-        )
-
     # ---- reading -----------------------------------------------------------------------------------------------
     _COLUMNS = "SELECT id, metadata, body, reward, metrics FROM art_trajectories WHERE id = ?"
 
@@ -366,14 +300,7 @@ class TrajectoryStore(ABC):
         if reward is not None:
             trajectory.reward = float(reward)
             trajectory.metrics.update(json.loads(metrics or "{}"))
-        for index, call_reward, call_metrics, call_metadata in call_rewards:
-            if index < len(trajectory.llm_calls):
-                trajectory.llm_calls[index].reward = float(call_reward)
-                for name, value in json.loads(call_metrics or "{}").items():
-                    trajectory.metrics[f"call{index}/{name}"] = value
-                for name, value in json.loads(call_metadata or "{}").items():
-                    if isinstance(value, str | int | float | bool):
-                        trajectory.metadata[f"call{index}/{name}"] = value
+        apply_call_rewards(trajectory, call_rewards)
         return trajectory
 
     def claim(self, limit: int, lease_s: float = 600.0) -> list[tuple[str, Trajectory]]:
