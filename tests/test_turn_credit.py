@@ -299,3 +299,31 @@ def test_turn_advantages_degenerate_groups() -> None:
     assert turn_advantages([[1.0, 1.0]]) is None  # one trajectory: no baseline
     assert turn_advantages([[1.0], [1.0, 1.0]]) is None  # nothing differs
     assert turn_advantages([[], [0.0], [1.0]]) == [[], [-1.0], [1.0]]
+
+
+# ---- through a real training step (PEFT on the tiny model) ------------------------------------------------------
+
+
+@pytest.mark.train
+def test_turn_credit_reaches_the_gradient() -> None:
+    """ "turn" with gamma=1 and rewards only at the end takes the very step "trajectory" takes (bit for bit); a
+    reward on the planner's call alone changes only what "turn" trains, and the step still runs with the
+    off-policy weights as before."""
+    import torch
+
+    from art_adapters.config import LoRAConfig
+    from art_adapters.training.trainer import Trainer
+    from test_train_on import gradient, groups_of
+
+    trainer = Trainer(tiny_model_path(), LoRAConfig(rank=8, alpha=16), engine="peft")
+    rewards = [1.0, 0.0, 0.5]
+    grpo = gradient(trainer, groups_of(trainer, rewards, lp_shift=0.3), TrainConfig())
+    turn = gradient(trainer, groups_of(trainer, rewards, lp_shift=0.3), TrainConfig(advantage="turn"))
+    assert all(torch.equal(a, b) for a, b in zip(grpo, turn, strict=True))
+    groups = groups_of(trainer, rewards, lp_shift=0.3)
+    for trajectory, planner in zip(groups[0].trajectories, [0.0, 1.0, 0.0], strict=True):
+        trajectory.llm_calls[0].reward = planner
+    credited = gradient(trainer, groups, TrainConfig(advantage="turn", gamma=0.5))
+    assert not all(torch.equal(a, b) for a, b in zip(grpo, credited, strict=True))
+    gigpo = gradient(trainer, groups, TrainConfig(advantage="gigpo"))
+    assert not all(torch.equal(a, b) for a, b in zip(credited, gigpo, strict=True))
