@@ -327,3 +327,14 @@ def test_turn_credit_reaches_the_gradient() -> None:
     assert not all(torch.equal(a, b) for a, b in zip(grpo, credited, strict=True))
     gigpo = gradient(trainer, groups, TrainConfig(advantage="gigpo"))
     assert not all(torch.equal(a, b) for a, b in zip(credited, gigpo, strict=True))
+
+
+def test_call_rewards_reach_per_role_advantages_under_trajectory() -> None:
+    from art_adapters.training.loss import role_advantages
+
+    worker = art.CallSource(role="worker")
+    trajectories = [
+        Trajectory(llm_calls=[call([1], [2], r, source=worker)], reward=0.0, rewards_by_role={"worker": 0.5})
+        for r in (1.0, 0.0)
+    ]
+    assert role_advantages(trajectories) == {"worker": [1.0, -1.0]}  # 0.5 + 1.0 vs 0.5 + 0.0

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..calls import LLMCall
 from ..config import TrainConfig
 from ..trajectories import Trajectory
-from .loss import RewardError, group_advantages
+from .loss import RewardError, group_advantages, total_reward
 
 StateKey = Callable[[LLMCall], Hashable | None]
 
@@ -38,19 +38,6 @@ StateKey = Callable[[LLMCall], Hashable | None]
 def call_rewards(trajectory: Trajectory) -> list[float]:
     """Each call's reward (0.0 where none was given), in call order."""
     return [call.reward if call.reward is not None else 0.0 for call in trajectory.llm_calls]
-
-
-def has_call_rewards(trajectory: Trajectory) -> bool:
-    return any(call.reward is not None for call in trajectory.llm_calls)
-
-
-def total_reward(trajectory: Trajectory, terminal: float | None = None) -> float:
-    """The trajectory's reward (or `terminal`) plus its calls' rewards: what "trajectory" and GiGPO's episode term
-    train on. Exactly `trajectory.reward` when no call has a reward."""
-    reward = trajectory.reward if terminal is None else terminal
-    if not has_call_rewards(trajectory):
-        return reward
-    return reward + math.fsum(call_rewards(trajectory))
 
 
 def returns_to_go(rewards: Sequence[float], terminal: float, gamma: float) -> list[float]:
