@@ -228,3 +228,41 @@ def test_otel_reward_attributes_on_chat_spans_become_call_rewards(tmp_path: Path
     (trajectory,) = read_otlp(path, reward="app.reward")
     assert [c.reward for c in trajectory.llm_calls] == [1.0, 0.0]
     assert trajectory.reward == 0.0 and "reward_missing" not in trajectory.metadata
+
+
+# ---- over the wire -----------------------------------------------------------------------------------------------
+
+
+async def test_estimator_settings_and_call_rewards_travel_to_a_remote_backend(tmp_path: Path) -> None:
+    """The real server over a backend that keeps what it was sent: TrainConfig's estimator settings and each call's
+    reward arrive as given; a state_key function is refused before anything is sent."""
+    import art_adapters as art
+    from art_adapters.backend.remote import RemoteBackend
+    from art_adapters.backend.server import create_app
+    from test_remote_backend import FakeBackend, running
+
+    received: list[tuple[Any, Any]] = []
+
+    class Keeping(FakeBackend):
+        async def train_events(self, model: Any, groups: Any, config: Any, *, record: bool = True) -> Any:
+            received.append((groups, config))
+            async for event in super().train_events(model, groups, config, record=record):
+                yield event
+
+    with ScriptedServer(None) as scripted:
+        fake = Keeping(tmp_path / "art", scripted.base_url)
+        with running(create_app(fake, api_key="server-key", allowed_base_models=["tiny"])) as url:
+            backend = RemoteBackend(url, api_key="server-key")
+            model = art.TrainableModel(name="agent-1", project="proj", base_model="tiny")
+            await model.register(backend)
+            trajectory = _two_call_trajectory(time.time(), 1.0, [0.25, None])
+            config = art.TrainConfig(advantage="gigpo", gamma=0.9, gigpo_weight=0.5)
+            await model.train([TrajectoryGroup([trajectory])], config)
+            ((groups, sent),) = received
+            assert (sent.advantage, sent.gamma, sent.gigpo_weight) == ("gigpo", 0.9, 0.5)
+            assert [c.reward for c in groups[0].trajectories[0].llm_calls] == [0.25, None]
+            keyed = art.TrainConfig(advantage="gigpo", state_key=lambda call: None)
+            with pytest.raises(ValueError, match="cannot be sent to another process"):
+                await model.train([TrajectoryGroup([trajectory])], keyed)
+            assert len(received) == 1  # nothing reached the server
+            await backend.close()
