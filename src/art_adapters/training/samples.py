@@ -71,10 +71,9 @@ def samples_of(
     histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
     per_call: list[list[Sample]] = []
     calls_seen: set[tuple[Any, ...]] = set()
+    # a history may list the trajectory's calls too (`finish()`); a sample keeps its call's index in the trajectory
     for h, history in enumerate(histories):
-        for c, call in enumerate(
-            history.llm_calls
-        ):  # a history may list the trajectory's calls too (`finish()`)
+        for c, call in enumerate(history.llm_calls):
             key = (
                 call.started_at,
                 tuple(call.prompt_token_ids or ()),
