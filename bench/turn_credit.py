@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import shutil
 import statistics
@@ -144,8 +145,8 @@ def groups_for(model: Any, size: int, seed: int) -> list[Any]:
     ]
 
 
-def success_of(groups: list[Any]) -> float:
-    return statistics.mean(t.metrics["success"] for g in groups for t in g.trajectories)
+def success_of(groups: list[Any], metric: str = "success") -> float:
+    return statistics.mean(t.metrics[metric] for g in groups for t in g.trajectories)
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -200,18 +201,34 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
     rows = []
     for arm, model in models.items():
         config = config_of(arm, args, seed)
-        curve = []
+        curve, progress, trained = [], [], []
         for k in range(args.steps):
             groups = await art.gather_trajectory_groups(
                 groups_for(model, args.group_size, (seed + 1) * 1_000_003 + k * 10_007), pbar_desc=None
             )
             curve.append(success_of(groups))
-            await model.train(groups, config=config)
+            progress.append(success_of(groups, "progress"))
+            result = await model.train(groups, config=config)
+            trained.append(int(result.get("trained_tokens", 0)))  # 0: every group's rewards were equal
         evaluation = await art.gather_trajectory_groups(
             groups_for(model, args.eval_samples, 7919 + seed), pbar_desc=None
         )
-        rows.append({"seed": seed, "arm": arm, "curve": curve, "success": success_of(evaluation)})
-        print(f"  seed {seed} {arm}: final success {rows[-1]['success']:.3f}, curve {curve}", flush=True)
+        rows.append(
+            {
+                "seed": seed,
+                "arm": arm,
+                "curve": curve,
+                "progress": progress,
+                "trained_tokens": trained,
+                "success": success_of(evaluation),
+                "eval_progress": success_of(evaluation, "progress"),
+            }
+        )
+        print(
+            f"  seed {seed} {arm}: final success {rows[-1]['success']:.3f}, success per step {curve}, "
+            f"progress per step {[round(p, 3) for p in progress]}, trained tokens per step {trained}",
+            flush=True,
+        )
     return rows
 
 
@@ -250,11 +267,21 @@ def summarize(rows: list[dict[str, Any]]) -> None:
         ]
         for arm in arms
     }
-    print(f"\nmean training success per step ({len(seeds)} seeds)\n")
+    mean_progress = {
+        arm: [
+            statistics.mean(
+                by[(arm, s)].get("progress", [math.nan] * steps)[k] for s in seeds if (arm, s) in by
+            )
+            for k in range(steps)
+        ]
+        for arm in arms
+    }
+    print(f"\nmean training success per step (chain progress in brackets; {len(seeds)} seeds)\n")
     print("| step | " + " | ".join(arms) + " |")
     print("|---:|" + "---:|" * len(arms))
     for k in range(steps):
-        print(f"| {k + 1} | " + " | ".join(f"{mean_curve[a][k]:.3f}" for a in arms) + " |")
+        cells = [f"{mean_curve[a][k]:.3f} ({mean_progress[a][k]:.3f})" for a in arms]
+        print(f"| {k + 1} | " + " | ".join(cells) + " |")
     target = statistics.mean(mean_curve["trajectory"][-2:]) if "trajectory" in arms else float("nan")
     print(f"\n'trajectory' final training success (mean of its last 2 steps): {target:.3f}\n")
     print(
@@ -266,8 +293,10 @@ def summarize(rows: list[dict[str, Any]]) -> None:
         paired = [s for s in seeds if (arm, s) in by and ("trajectory", s) in by]
         diffs = [by[(arm, s)]["success"] - by[("trajectory", s)]["success"] for s in paired]
         mean, low, high = paired_interval(diffs) if diffs else (float("nan"),) * 3
-        reach = steps_to_reach(mean_curve[arm], target)
+        reach = steps_to_reach(mean_curve[arm], target) if target > 0 else None
         reached = f"{reach} ({reach / steps:.2f}x of {steps})" if reach else "not reached"
+        if target <= 0:
+            reached = "n/a: 'trajectory' never succeeded"
         print(
             f"| {arm} | {statistics.mean(success):.3f} ({len(success)} seeds) | "
             f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] | {reached} |"
