@@ -51,7 +51,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     with open_store(url) as opened:
         # one server for the session: every test starts empty
         opened._transact(
-            lambda cursor: [cursor.execute(f"DELETE FROM {t}") for t in ("art_calls", "art_trajectories")]
+            lambda cursor: [
+                cursor.execute(f"DELETE FROM {t}")
+                for t in ("art_calls", "art_trajectories", "art_call_rewards")
+            ]
         )
         yield opened
 

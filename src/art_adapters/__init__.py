@@ -16,7 +16,7 @@ from .adapters.rollout_scope import (
     yield_trajectory,
 )
 from .agent_adapters import PerAgent, UnsupportedPerAgentSetting
-from .capture import capture, current_trajectory  # eager: the subpackage has the function's name
+from .capture import capture, current_trajectory, reward_call  # eager: the subpackage has the function's name
 from .compat import LocalTrainResult, ServerlessTrainResult, TrainResult, UnsupportedARTSetting
 from .config import LoRAConfig, SFTConfig, ShardedTrainerOptions, TrainConfig, TrainSFTConfig
 from .decorators import retry
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from .pipeline_tuner import PipelineRuntimeConfig
     from .ray import gather_on_ray
     from .report import write_report
-    from .rewards import RulerError, ruler, ruler_score_group
+    from .rewards import RulerError, ruler, ruler_score_group, ruler_score_turns
     from .tracing.langfuse import LangfuseExporter
     from .tracing.wandb import WandbLogger
 
@@ -102,6 +102,7 @@ _LAZY = {
     "UnsupportedBackendError": ".backend.unshipped",
     "gather_on_ray": ".ray",
     "ruler_score_group": ".rewards",
+    "ruler_score_turns": ".rewards",
     "ruler": ".rewards",
     "RulerError": ".rewards",
     "LangfuseExporter": ".tracing.langfuse",
@@ -187,6 +188,8 @@ __all__ = [
     "retry",
     "ruler",
     "ruler_score_group",
+    "ruler_score_turns",
+    "reward_call",
     "trajectory",
     "trajectory_group",
     "trajectory_group_batches",

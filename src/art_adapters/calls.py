@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .apis import anthropic as anthropic_api
 from .apis import responses as responses_api
@@ -98,6 +99,23 @@ class LLMCall(BaseModel):
         description="The training step whose weights sampled this call (from our gateway; None elsewhere).",
     )
     served_model: str | None = Field(None, description="The immutable adapter that served it (`name@step`).")
+    reward: float | None = Field(
+        None,
+        description=(
+            "This call's own reward (a turn's reward; None: none given). How it combines with the trajectory's "
+            "reward: `TrainConfig.advantage` (docs/training.md, 'Credit per turn')."
+        ),
+    )
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _finite_reward(cls, value: object) -> float | None:
+        return check_call_reward(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "reward":  # `trajectory.llm_calls[i].reward = x` is checked as a loaded one is
+            value = check_call_reward(value)
+        super().__setattr__(name, value)
 
     @property
     def ended_at(self) -> float:
@@ -149,6 +167,23 @@ class LLMCall(BaseModel):
                 message = dict(choice.get("message") or {})
                 return {k: v for k, v in message.items() if v is not None}
         return None
+
+
+def check_call_reward(value: object) -> float | None:
+    """A call's reward as a float: a finite number, or None (no reward); anything else is a ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"a call's reward is a finite number or None, not {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(
+            f"a call's reward is a finite number, not an integer of {len(str(value))} digits"
+        ) from None
+    if not math.isfinite(number):
+        raise ValueError(f"a call's reward is a finite number, not {number}")
+    return number
 
 
 def _api_view(api: str) -> Any:

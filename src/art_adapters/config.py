@@ -5,9 +5,18 @@ Unknown fields are errors (a misspelt or unsupported ART setting is never silent
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Hashable
+from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 
 class TrainConfig(BaseModel):
@@ -107,7 +116,57 @@ class TrainConfig(BaseModel):
             "discounted), min(rho, cap) for a negative one."
         ),
     )
+    advantage: Literal["trajectory", "turn", "gigpo"] = Field(
+        default="trajectory",
+        description=(
+            "How rewards become each token's advantage: 'trajectory' (GRPO: one advantage per trajectory, its "
+            "reward plus its calls' rewards); 'turn' (each call's discounted return-to-go against the group's "
+            "per-turn baseline, free of length bias); 'gigpo' (GRPO's plus gigpo_weight times a step advantage "
+            "among the group's calls from the same state). See training/turn_credit.py and docs/training.md."
+        ),
+    )
+    gamma: float = Field(
+        default=1.0, ge=0, le=1, description="Discount of later turns' rewards ('turn', 'gigpo')."
+    )
+    gigpo_weight: float = Field(
+        default=1.0, ge=0, description="The weight of GiGPO's step advantage against the episode's."
+    )
+    state_key: Literal["prompt_ids"] | Callable[[Any], Hashable | None] = Field(
+        default="prompt_ids",
+        description=(
+            "GiGPO's state of a call: 'prompt_ids' (its exact prompt token ids), or a function of the LLMCall "
+            "returning a hashable key (None: no state). A function stays in this process: a RemoteBackend or "
+            "the sharded trainer refuses it."
+        ),
+    )
     seed: int = 0
+
+    @field_serializer("state_key", when_used="json")
+    def _state_key_travels(self, value: object) -> str:
+        if callable(value):
+            raise ValueError(
+                "TrainConfig.state_key is a function, which cannot be sent to another process (a RemoteBackend, "
+                "the sharded trainer's ranks): use state_key='prompt_ids', or train with a LocalBackend"
+            )
+        return str(value)
+
+    @model_validator(mode="after")
+    def _credit_settings_used(self) -> TrainConfig:
+        """gamma, gigpo_weight and state_key change only the estimators that use them: set to anything but their
+        defaults for another, they are refused (a setting that would silently do nothing)."""
+        fields = type(self).model_fields
+        unused = {
+            "trajectory": ["gamma", "gigpo_weight", "state_key"],
+            "turn": ["gigpo_weight", "state_key"],
+            "gigpo": [],
+        }[self.advantage]
+        named = [name for name in unused if getattr(self, name) != fields[name].default]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)} {'has' if len(named) == 1 else 'have'} no effect with "
+                f"advantage={self.advantage!r} (gamma: 'turn' and 'gigpo'; gigpo_weight and state_key: 'gigpo')"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -310,6 +310,7 @@ def create_app(
 
     if record is not None:
         app.add_route("/rewards/{trajectory_id}", record.reward_endpoint, methods=["POST"])
+        app.add_route("/rewards/{trajectory_id}/calls/{n}", record.call_reward_endpoint, methods=["POST"])
 
     return app
 

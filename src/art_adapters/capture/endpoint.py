@@ -14,7 +14,8 @@ process. A client that cannot change its base URL per rollout may use `endpoint.
 with `routing=model.agent_routing()` (per-agent adapters) that role picks the call's adapter (`PerAgent(by="role")`).
 
 With `record=LiveRecorder(store)` (capture/live.py), calls to the shared base URL that name no rollout are
-recorded as production traffic, and `POST /rewards/{trajectory_id}` (bearer `recorder.reward_key`) joins rewards.
+recorded as production traffic, and `POST /rewards/{trajectory_id}` (bearer `recorder.reward_key`) joins rewards
+(`POST /rewards/{trajectory_id}/calls/{n}`: one call's reward).
 
 A URL grants what is recorded, nothing more: POST to the four recorded routes, matched by exact path (no `..`,
 no other route of the upstream's API), bodies bounded in size and JSON depth, the APIs' own headers only. It never
@@ -124,6 +125,11 @@ class RecordingEndpoint:
         ]
         if self.recorder is not None:
             routes.append(Route("/rewards/{trajectory_id}", self.recorder.reward_endpoint, methods=["POST"]))
+            routes.append(
+                Route(
+                    "/rewards/{trajectory_id}/calls/{n}", self.recorder.call_reward_endpoint, methods=["POST"]
+                )
+            )
         return Starlette(routes=routes)
 
     async def _forward(self, request: Any, scratch: Trajectory | None = None) -> Any:

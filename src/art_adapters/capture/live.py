@@ -1,5 +1,6 @@
 """Record mode: every call a production agent makes through the recording endpoint or `serve` is stored as part of a
-trajectory, and `POST /rewards/{trajectory_id}` joins the reward that arrives minutes or days later.
+trajectory, and `POST /rewards/{trajectory_id}` joins the reward that arrives minutes or days later
+(`POST /rewards/{trajectory_id}/calls/{n}`: one call's own reward).
 
 The client names the trajectory with an `x-art-trajectory` header, or one is opened per conversation (a call whose
 messages continue an earlier call's messages and answer joins that call's trajectory, unless that earlier exchange
@@ -207,6 +208,16 @@ class LiveRecorder:
         """`POST /rewards/{trajectory_id}` with `{"reward": 1.0, "metrics": {...}, "metadata": {...}}`: 200 set or
         unchanged (idempotent), 404 unknown trajectory, 409 a different reward was already set, 400 bad body,
         401 bad key, 413 body too large."""
+        return await self._join_reward(request, None)
+
+    async def call_reward_endpoint(self, request: Any) -> Any:
+        """`POST /rewards/{trajectory_id}/calls/{n}`: the same body, key, bounds and answers for the trajectory's
+        n-th recorded call (0-based, in the order its calls were recorded): that call's own reward (a turn's,
+        docs/training.md 'Credit per turn'); 404 also when the trajectory has no call n. It does not close the
+        trajectory: its trajectory reward still decides when it trains."""
+        return await self._join_reward(request, request.path_params.get("n"))
+
+    async def _join_reward(self, request: Any, call: str | None) -> Any:
         from starlette.responses import JSONResponse
 
         def answer(code: int, **body: Any) -> Any:
@@ -229,16 +240,35 @@ class LiveRecorder:
         trajectory_id = request.path_params["trajectory_id"]
         try:
             check_id(trajectory_id)
+            index = _call_index(call) if call is not None else None
             reward, metrics, metadata = _reward_body(raw)
         except ValueError as error:
             return answer(400, detail=str(error))
         try:
-            outcome = await asyncio.to_thread(self.store.set_reward, trajectory_id, reward, metrics, metadata)
+            if index is None:
+                outcome = await asyncio.to_thread(
+                    self.store.set_reward, trajectory_id, reward, metrics, metadata
+                )
+            else:
+                outcome = await asyncio.to_thread(
+                    self.store.set_call_reward, trajectory_id, index, reward, metrics, metadata
+                )
         except KeyError:
             return answer(404, detail=f"no recorded trajectory {trajectory_id!r}")
+        except IndexError as error:
+            return answer(404, detail=str(error))
         except RewardConflict as error:
             return answer(409, detail=str(error))
-        return answer(200, trajectory_id=trajectory_id, status=outcome)
+        if index is None:
+            return answer(200, trajectory_id=trajectory_id, status=outcome)
+        return answer(200, trajectory_id=trajectory_id, call=index, status=outcome)
+
+
+def _call_index(text: str) -> int:
+    """A call's index in a URL: decimal digits, at most 9 of them."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise ValueError(f"a call index is a number 0..999999999, not {_short(text)}")
+    return int(text)
 
 
 @dataclass

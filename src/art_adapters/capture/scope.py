@@ -6,6 +6,7 @@ import hashlib
 from contextvars import ContextVar, Token
 from types import TracebackType
 
+from ..calls import LLMCall, check_call_reward
 from ..sources import SplitBy
 from ..trajectories import Trajectory
 from .frameworks import disable_langchain_sources, enable_langchain_sources
@@ -72,3 +73,38 @@ class capture:  # noqa: N801 - used like a function: `with capture() as trajecto
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.__exit__(kind, error, tb)
+
+
+def reward_call(value: float, call: int | LLMCall | None = None) -> LLMCall:
+    """Give one call of the current scope's trajectory its own reward (a turn's reward) and return that call: the
+    last call recorded so far (`call=None`), the call at index `call` of `trajectory.llm_calls` (negative counts
+    from the end), or that `LLMCall` itself. A reward that is not a finite number, a scope with no call yet, an
+    index past its calls or a call of another trajectory is a ValueError (IndexError for the index); nothing is
+    changed then. How call rewards combine with the trajectory's reward: docs/training.md, 'Credit per turn'."""
+    reward = check_call_reward(value)
+    if reward is None:
+        raise ValueError("reward_call takes a finite number, not None")
+    trajectory = current_trajectory(required=True)
+    assert trajectory is not None
+    calls = trajectory.llm_calls
+    if call is None:
+        if not calls:
+            raise ValueError(
+                "reward_call: the current trajectory has no call yet (reward after the call returns)"
+            )
+        target = calls[-1]
+    elif isinstance(call, LLMCall):
+        if not any(c is call for c in calls):
+            raise ValueError("reward_call: that call is not one of the current trajectory's calls")
+        target = call
+    elif isinstance(call, int) and not isinstance(call, bool):
+        if not -len(calls) <= call < len(calls):
+            raise IndexError(
+                f"reward_call: no call {call}; the current trajectory has {len(calls)} call(s) "
+                f"(indices 0..{len(calls) - 1})"
+            )
+        target = calls[call]
+    else:
+        raise TypeError(f"reward_call's call is an index, an LLMCall or None, not {type(call).__name__}")
+    target.reward = reward
+    return target

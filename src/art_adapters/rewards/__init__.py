@@ -1,4 +1,4 @@
-"""Rewards: RULER, the relative LLM judge, and helpers for reward functions."""
+"""Rewards: RULER, the relative LLM judge (per trajectory, or per turn), and helpers for reward functions."""
 
 from .helpers import common_prefix_length, extract_json
 from .ruler import (
@@ -12,6 +12,7 @@ from .ruler import (
     ruler,
     ruler_score_group,
 )
+from .ruler_turns import TURN_RUBRIC, ruler_score_turns
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -25,4 +26,6 @@ __all__ = [
     "response_schema",
     "ruler",
     "ruler_score_group",
+    "ruler_score_turns",
+    "TURN_RUBRIC",
 ]

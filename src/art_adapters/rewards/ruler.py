@@ -102,8 +102,10 @@ def judge_messages(
     rubric: str | None = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> list[Message]:
-    """The judge's prompt: the shared prefix once, then each conversation's remainder labelled by its id."""
+    """The judge's prompt: the shared prefix once, then each conversation's remainder labelled by its id (never
+    empty: an attempt's last message is always its own, even when one attempt is judged alone)."""
     n = common_prefix_length(conversations)
+    n = min(n, max(min((len(c) for c in conversations), default=0) - 1, 0))
     parts: list[str] = []
     if tools:
         parts.append(f"Tools available to the agent:\n<tools>\n{render_messages(tools)}\n</tools>")

@@ -8,13 +8,14 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from ..calls import LLMCall
 from ..trajectories import Trajectory
+from .call_rewards import CallRewards, apply_call_rewards
 from .records import (
     MAX_CONTINUATIONS,
     RewardConflict,
@@ -31,7 +32,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
-class TrajectoryStore(ABC):
+class TrajectoryStore(CallRewards, ABC):
     """Trajectories recorded call by call, rewarded later, claimed for training once rewarded."""
 
     placeholder = "?"
@@ -64,6 +65,9 @@ class TrajectoryStore(ABC):
             " started_at DOUBLE PRECISION NOT NULL, body TEXT NOT NULL)",
             "CREATE INDEX IF NOT EXISTS art_calls_trajectory ON art_calls (trajectory_id)",
             "CREATE INDEX IF NOT EXISTS art_trajectories_ready ON art_trajectories (rewarded_at, trained_at)",
+            "CREATE TABLE IF NOT EXISTS art_call_rewards (trajectory_id TEXT NOT NULL, call_index INTEGER NOT NULL,"
+            " reward DOUBLE PRECISION NOT NULL, metrics TEXT NOT NULL, metadata TEXT NOT NULL,"
+            " rewarded_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (trajectory_id, call_index))",
         ]
 
     def _lost(self, error: BaseException | None) -> bool:
@@ -257,21 +261,29 @@ class TrajectoryStore(ABC):
         rows = self._transact(lambda cursor: self._fetch(cursor, trajectory_id))
         return self._build(*rows) if rows is not None else None
 
-    def _fetch(self, cursor: Any, trajectory_id: str) -> tuple[Any, list[str]] | None:
-        """A trajectory's row and, when it has no whole body, its calls' bodies in order."""
+    def _fetch(self, cursor: Any, trajectory_id: str) -> tuple[Any, list[str], list[Any]] | None:
+        """A trajectory's row, when it has no whole body its calls' bodies in order, and its calls' rewards."""
         cursor.execute(self._sql(self._COLUMNS), (trajectory_id,))
         row = cursor.fetchone()
         if row is None:
             return None
+        cursor.execute(
+            self._sql(
+                "SELECT call_index, reward, metrics, metadata FROM art_call_rewards WHERE trajectory_id = ?"
+                " ORDER BY call_index"
+            ),
+            (trajectory_id,),
+        )
+        call_rewards = list(cursor.fetchall())
         if row[2]:
-            return row, []
+            return row, [], call_rewards
         cursor.execute(
             self._sql("SELECT body FROM art_calls WHERE trajectory_id = ? ORDER BY started_at, seq"),
             (trajectory_id,),
         )
-        return row, [r[0] for r in cursor.fetchall()]
+        return row, [r[0] for r in cursor.fetchall()], call_rewards
 
-    def _build(self, row: Any, call_bodies: list[str]) -> Trajectory:
+    def _build(self, row: Any, call_bodies: list[str], call_rewards: Sequence[Any] = ()) -> Trajectory:
         trajectory_id, metadata, body, reward, metrics = row
         if body:
             trajectory = load_json(Trajectory, body)
@@ -288,6 +300,7 @@ class TrajectoryStore(ABC):
         if reward is not None:
             trajectory.reward = float(reward)
             trajectory.metrics.update(json.loads(metrics or "{}"))
+        apply_call_rewards(trajectory, call_rewards)
         return trajectory
 
     def claim(self, limit: int, lease_s: float = 600.0) -> list[tuple[str, Trajectory]]:
@@ -409,6 +422,9 @@ class TrajectoryStore(ABC):
                 doomed += [r[0] for r in cursor.fetchall()]
             for trajectory_id in set(doomed):
                 cursor.execute(self._sql("DELETE FROM art_calls WHERE trajectory_id = ?"), (trajectory_id,))
+                cursor.execute(
+                    self._sql("DELETE FROM art_call_rewards WHERE trajectory_id = ?"), (trajectory_id,)
+                )
                 cursor.execute(self._sql("DELETE FROM art_trajectories WHERE id = ?"), (trajectory_id,))
             return len(set(doomed))
 

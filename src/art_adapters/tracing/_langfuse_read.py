@@ -123,9 +123,15 @@ class Reader:
             if cursor is None:
                 return out
 
-    def scores(self, trace_ids: list[str]) -> dict[str, list[tuple[str, Any, str]]]:
-        """trace id -> [(name, value, data type)], oldest first."""
+    def scores(
+        self,
+        trace_ids: list[str],
+        by_observation: dict[str, list[tuple[str, Any, str]]] | None = None,
+    ) -> dict[str, list[tuple[str, Any, str]]]:
+        """trace id -> [(name, value, data type)], oldest first. With `by_observation`, a score on an observation
+        goes there instead (observation id -> its scores, oldest first), not to its trace."""
         found: dict[str, list[tuple[Any, str, Any, str]]] = {}
+        on_observations: dict[str, list[tuple[Any, str, Any, str]]] = {}
         wanted = set(trace_ids)
         cursors = _Cursors("scores")
         cursor: str | None = None
@@ -149,12 +155,22 @@ class Reader:
                         continue
                     ids.add(key)
                 if trace in wanted:
-                    found.setdefault(trace, []).append(
-                        (_when(getattr(score, "timestamp", None)), score.name, score.value, score.data_type)
+                    row = (_when(getattr(score, "timestamp", None)), score.name, score.value, score.data_type)
+                    observation = (
+                        getattr(subject, "id", None)
+                        if getattr(subject, "kind", None) == "observation"
+                        else None
                     )
+                    if by_observation is not None and isinstance(observation, str):
+                        on_observations.setdefault(observation, []).append(row)
+                    else:
+                        found.setdefault(trace, []).append(row)
             cursor = cursors.next(page.meta.cursor, len(data))
             if cursor is None:
                 break
+        if by_observation is not None:
+            for o, rows in on_observations.items():
+                by_observation[o] = [(n, v, d) for _, n, v, d in sorted(rows, key=lambda r: r[0])]
         return {
             t: [(n, v, d) for _, n, v, d in sorted(rows, key=lambda r: r[0])] for t, rows in found.items()
         }

@@ -116,6 +116,7 @@ def pack_call(call: LLMCall, index: int) -> str:
             "error",
             "policy_version",
             "served_model",
+            "reward",
         },
         exclude_none=True,
     )

@@ -1,4 +1,5 @@
-"""Langfuse exporter: one trace per trajectory (agent root, a generation per LLM call, tools, reward scores).
+"""Langfuse exporter: one trace per trajectory (agent root, a generation per LLM call, tools, reward scores; a call's
+own reward is a `reward` score on its generation).
 
 The work runs on a daemon thread behind a bounded queue, so a slow, dead or failing Langfuse never slows or
 breaks training: `export()` only enqueues, `flush()`/`close()` wait at most their timeout, errors become warnings.
@@ -288,12 +289,18 @@ class LangfuseExporter:
             root = self._wrap(LangfuseAgent, root_span, plan.root)
             contexts = {None: otel.set_span_in_context(root_span)}
             opened: list[tuple[Any, Obs]] = []
+            call_scores: list[tuple[str, float]] = []  # (generation id, its call's reward)
+            scored: set[int] = set()
             for obs in children:  # containers come first, each after its own parent
                 context = contexts.get(obs.parent, contexts[None])
                 span = tracer.start_span(
                     obs.name, context=context, start_time=obs.start_ns, attributes={OURS: True}
                 )
                 wrapped = self._wrap(classes.get(obs.kind, LangfuseSpan), span, obs)
+                if obs.kind == "generation" and obs.call is not None and obs.call.reward is not None:
+                    if id(obs.call) not in scored:  # a call shown in two histories: scored on its first
+                        scored.add(id(obs.call))
+                        call_scores.append((format(span.get_span_context().span_id, "016x"), obs.call.reward))
                 if obs.key is not None:
                     contexts[obs.key] = otel.set_span_in_context(span)
                     opened.append((wrapped, obs))
@@ -304,6 +311,14 @@ class LangfuseExporter:
             root.end(end_time=plan.root.end_ns)
         for name, value, data_type in plan.scores:
             self._client.create_score(name=name, value=value, trace_id=plan.trace_id, data_type=data_type)
+        for observation_id, value in call_scores:  # a call's own reward: a score on its generation
+            self._client.create_score(
+                name="reward",
+                value=value,
+                trace_id=plan.trace_id,
+                observation_id=observation_id,
+                data_type="NUMERIC",
+            )
 
     def _wrap(self, cls: Any, span: Any, obs: Obs) -> Any:
         kwargs: dict[str, Any] = {

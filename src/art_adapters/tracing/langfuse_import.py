@@ -124,7 +124,8 @@ def import_trajectories(
                 stats.pages += 1
                 ids = [r["traceId"] for r in roots]
                 children = reader.observations(ids)
-                scores = reader.scores(ids)
+                on_observations: dict[str, list[tuple[str, Any, str]]] = {}
+                scores = reader.scores(ids, on_observations)
                 for root in roots:
                     stats.traces += 1
                     trace_id = root["traceId"]
@@ -133,6 +134,7 @@ def import_trajectories(
                             root,
                             children.get(trace_id, []),
                             scores.get(trace_id, []),
+                            on_observations,
                             rewarder,
                             stats,
                             min_scores,
@@ -195,17 +197,33 @@ def _convert(
     root: dict[str, Any],
     observations: list[dict[str, Any]],
     scores: list[tuple[str, Any, str]],
+    on_observations: Mapping[str, list[tuple[str, Any, str]]],
     rewarder: Rewarder,
     stats: ImportStats,
     min_scores: Mapping[str, float] | None,
     missing: float | None,
     redact: Redactor | None,
 ) -> Trajectory | None:
-    """One trace as the Trajectory to yield, or None (skipped, counted)."""
-    trajectory = _build(root, observations, stats)
+    """One trace as the Trajectory to yield, or None (skipped, counted). In a trace of several calls, the reward
+    score (named, not a function's) on a generation is that call's reward; any other observation's scores, and
+    every score of a one-call trace, are the trace's."""
+    generations: dict[str, LLMCall] = {}
+    trajectory = _build(root, observations, stats, generations)
     if trajectory is None:
         stats.skipped_no_calls += 1
         return None
+    per_call = len(trajectory.llm_calls) > 1 and isinstance(rewarder.reward, str)
+    own_scores = []
+    for observation in observations:
+        rows = on_observations.get(str(observation.get("id")), [])
+        call = generations.get(str(observation.get("id")))
+        if per_call and call is not None:
+            value = rewarder(rewarder.numbers(rows)) if rows else None
+            if value is not None:
+                call.reward = value
+        else:
+            own_scores += rows
+    scores = [*own_scores, *scores]  # the trace's own scores last: they win a name both have
     if not _rewarded(trajectory, scores, rewarder, stats, min_scores, missing):
         return None
     kept = apply(redact, trajectory)
@@ -224,12 +242,18 @@ def _metadata(row: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _build(root: dict[str, Any], observations: list[dict[str, Any]], stats: ImportStats) -> Trajectory | None:
+def _build(
+    root: dict[str, Any],
+    observations: list[dict[str, Any]],
+    stats: ImportStats,
+    call_of: dict[str, LLMCall],
+) -> Trajectory | None:
+    """The trace's Trajectory (None: no generation); `call_of` gets each generation's id -> its call."""
     metadata = _metadata(root)
     damaged = False
     if TRAJECTORY_KEY in metadata:
         try:
-            trajectory = _own(root, metadata, observations)
+            trajectory = _own(root, metadata, observations, call_of)
             stats.own += 1
             return trajectory
         except Exception as error:  # noqa: BLE001 - a record of any damaged shape (RecursionError too)
@@ -245,6 +269,8 @@ def _build(root: dict[str, Any], observations: list[dict[str, Any]], stats: Impo
     if not generations:
         return None
     calls = [_foreign_call(g) for g in generations]
+    call_of.clear()
+    call_of.update({str(g.get("id")): c for g, c in zip(generations, calls, strict=True)})
     stats.foreign += 1
     trajectory = foreign_trajectory(
         calls,
@@ -261,24 +287,35 @@ def _build(root: dict[str, Any], observations: list[dict[str, Any]], stats: Impo
     return trajectory
 
 
-def _own(root: dict[str, Any], metadata: dict[str, Any], observations: list[dict[str, Any]]) -> Trajectory:
+def _own(
+    root: dict[str, Any],
+    metadata: dict[str, Any],
+    observations: list[dict[str, Any]],
+    generations: dict[str, LLMCall],
+) -> Trajectory:
     """The trace as the Trajectory it was; RecordError when any call of its record is missing or damaged."""
     calls: dict[int, LLMCall] = {}
     mismatched = 0
     entries = [(_metadata(o).get(CALL_KEY), parsed(o.get("input"))) for o in observations]
+    observation_ids: list[str | None] = [str(o.get("id")) for o in observations]
     skipped = metadata.get(SKIPPED_CALLS_KEY)
     if skipped:
         skipped = parsed(skipped) if isinstance(skipped, str) else skipped
         if not isinstance(skipped, list) or not all(isinstance(e, dict) for e in skipped):
             raise RecordError(f"{SKIPPED_CALLS_KEY} is not a list of records")
         entries += [(e.get("record"), e.get("messages")) for e in skipped]
-    for record, messages in entries:
+        observation_ids += [None] * len(skipped)
+    by_index: dict[str, int] = {}
+    for (record, messages), observation in zip(entries, observation_ids, strict=True):
         if record is None:
             continue
         index, call, matched = unpack_call(record, messages)
         calls.setdefault(index, call)
+        if observation is not None:
+            by_index[observation] = index
         mismatched += not matched
     trajectory = unpack_trajectory(metadata[TRAJECTORY_KEY], calls)
+    generations.update({o: calls[i] for o, i in by_index.items()})
     trajectory.metadata.setdefault("trace_id", root["traceId"])
     trajectory.metadata["trace_source"] = "art_adapters"
     if mismatched:  # masked or truncated inputs: the messages are not the ones sampled from
@@ -362,6 +399,8 @@ def _rewarded(
     own = trajectory.metadata.get("trace_source") == "art_adapters"
     if reward is None and own and math.isfinite(trajectory.reward) and not reward_missing(trajectory):
         return True  # its recorded reward (one recorded as missing is no reward: below)
+    if reward is None and any(c.reward is not None for c in trajectory.llm_calls):
+        reward = 0.0  # its calls carry the rewards: not missing
     if reward is None:
         if missing is None:
             stats.skipped_no_reward += 1

@@ -170,7 +170,10 @@ def trajectories_from_spans(
     stats: dict[str, int] | None = None,
 ) -> list[Trajectory]:
     """One Trajectory per trace holding inference spans. The reward: the numeric or boolean span attribute named
-    `reward` (any span of the trace), or `reward(attributes)` over all of them; a trace without a finite one gets
+    `reward` (any span of the trace), or `reward(attributes)` over all of them. In a trace of several inference
+    spans, the attribute named `reward` on a chat span is that call's reward (`LLMCall.reward`, a turn's: see
+    `TrainConfig.advantage`) and the trajectory's comes from the other spans (0.0 when only calls carry one);
+    a trace without a finite one gets
     `missing_reward`, or (None) is flagged `metadata["reward_missing"] = True` with a 0.0 placeholder, which every
     grouping and the trainer skip and count (`art_adapters.trajectories.reward_missing`). A trace whose calls carry
     no message at all (content capture off, or its log events never came) is skipped; `stats` counts
@@ -191,7 +194,12 @@ def trajectories_from_spans(
             counts["no_messages"] = counts.get("no_messages", 0) + 1
             continue
         root = next((s for s in members if s["parent_span_id"] is None), inference[0])
-        numbers = _numbers(members)
+        if len(inference) > 1 and isinstance(reward, str):  # a turn's reward on its chat span is that call's
+            for call, chat_span in zip(calls, inference, strict=True):
+                call.reward = rewarder(_numbers([chat_span]))
+            numbers = _numbers([s for s in members if not is_inference(s)])
+        else:
+            numbers = _numbers(members)
         trajectory = foreign_trajectory(
             calls,
             source="otel_genai",
@@ -212,6 +220,8 @@ def trajectories_from_spans(
         value = rewarder(numbers)
         if value is not None and not math.isfinite(value):  # NaN or infinity is no reward
             value = None
+        if value is None and any(c.reward is not None for c in trajectory.llm_calls):
+            value = 0.0  # its calls carry the rewards: not missing
         if value is None:
             value = missing_reward
         trajectory.reward = float(value) if value is not None else 0.0

@@ -44,6 +44,14 @@ class RewardError(ValueError):
     """A reward that cannot be trained on (NaN or infinite)."""
 
 
+def total_reward(trajectory: Trajectory, terminal: float | None = None) -> float:
+    """The trajectory's reward (or `terminal`: a role's) plus its calls' own rewards (`LLMCall.reward`): what one
+    advantage per trajectory trains on. Exactly `trajectory.reward` (`terminal`) when no call has a reward."""
+    reward = trajectory.reward if terminal is None else terminal
+    calls = [call.reward for call in trajectory.llm_calls if call.reward is not None]
+    return reward + math.fsum(calls) if calls else reward
+
+
 def group_advantages(
     rewards: Sequence[float], *, scale_rewards: bool = True, group_index: int = 0
 ) -> list[float] | None:
@@ -66,12 +74,12 @@ def role_advantages(
     trajectories: Sequence[Trajectory], scale_rewards: bool = True, group_index: int = 0
 ) -> dict[str, list[float]]:
     """Per-role group advantages: for each role named in a trajectory's `rewards_by_role`, the advantages of the
-    group's rewards for that role (a trajectory's overall reward where it gives none). A role whose rewards are
+    group's rewards for that role (a trajectory's overall reward where it gives none), plus its calls' rewards. A role whose rewards are
     all equal gets zeros: its tokens carry no signal, whatever the overall rewards say."""
     roles = sorted({role for t in trajectories for role in t.rewards_by_role})
     out: dict[str, list[float]] = {}
     for role in roles:
-        rewards = [float(t.rewards_by_role.get(role, t.reward)) for t in trajectories]
+        rewards = [total_reward(t, float(t.rewards_by_role.get(role, t.reward))) for t in trajectories]
         advantages = group_advantages(rewards, scale_rewards=scale_rewards, group_index=group_index)
         out[role] = advantages if advantages is not None else [0.0] * len(rewards)
     return out

@@ -15,6 +15,7 @@ from ..sources import CallSource
 from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 from .loss import group_advantages, role_advantages
 from .tokenize import TRAIN_ON_KEYS, TokenizationError, TrainSequence, tokenize_trajectory
+from .turn_credit import group_credit, total_reward
 
 log = logging.getLogger(
     "art_adapters.training.trainer"
@@ -65,12 +66,17 @@ def prepare_groups(
     for g, group in enumerate(groups):
         trajectories = group.trajectories
         advantages = group_advantages(
-            [t.reward for t in trajectories], scale_rewards=config.scale_rewards, group_index=g
+            [total_reward(t) for t in trajectories], scale_rewards=config.scale_rewards, group_index=g
         )
         by_role = role_advantages(trajectories, config.scale_rewards, g)
+        credit = group_credit(trajectories, config, g)  # per-call advantages; None under "trajectory"
         tokenized: list[tuple[int, list[TrainSequence]]] = []
         group_too_long = 0
         for i, trajectory in enumerate(trajectories):
+            if credit is not None and credit.no_calls[i]:  # turn-level credit needs calls: none, no advantage
+                metrics["skipped_trajectories"] += 1
+                skipped["no_calls"] = skipped.get("no_calls", 0) + 1
+                continue
             out = tokenize_trajectory(
                 trajectory,
                 tokenizer,
@@ -102,7 +108,11 @@ def prepare_groups(
             if group_too_long < len(trajectories):  # not only over-long ones: some had nothing sampled
                 metrics["groups_without_samples"] += 1
             continue
-        if advantages is None and not any(any(values) for values in by_role.values()):
+        if (
+            (not credit.trains)
+            if credit is not None
+            else (advantages is None and not any(any(values) for values in by_role.values()))
+        ):
             metrics["skipped_groups"] += 1
             continue
         for i, seqs in tokenized:
@@ -111,6 +121,7 @@ def prepare_groups(
             for sequence in seqs:
                 sequence.advantage = advantages[i] if advantages is not None else 0.0
                 sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
+                sequence.call_advantages = credit.of(i) if credit is not None else {}
                 sequences.append(sequence)
     # Over the trajectories the step trains: a step that trains nothing certifies nothing (0.0, not 1.0).
     metrics["sampled_token_fraction"] = min(fractions, default=0.0)
@@ -215,6 +226,8 @@ _SKIPPED_WHY = {
     "reward_missing": "have no reward (reward missing: map it with the importer's missing_reward=, or give each a reward)",
     "no_trainable_token": "have no trainable token (only a first token was sampled)",
     "not_in_train_on": "have no call among train_on",
+    "no_calls": "have no captured call, so turn-level credit (TrainConfig.advantage 'turn' / 'gigpo') gives them "
+    "no advantage (capture the calls through `model.openai_client()`, `wrap_rollout` or `art.trajectory(...)`)",
 }
 
 

@@ -43,6 +43,7 @@ class Sample:
     policy_version: int | None = None  # the training step whose weights sampled it (None: not known)
     token_versions: list[int | None] | None = None  # per completion token, from ART's policy_token_spans
     prompt_exact: bool = True  # the prompt ids are the engine's (False: rendered here by the chat template)
+    call: int | None = None  # its call's index in `trajectory.llm_calls` (None: a Choice or text, no call)
 
     def versions(self) -> list[int | None]:
         """The policy version that sampled each completion token (ART's spans where given, else the call's)."""
@@ -70,8 +71,9 @@ def samples_of(
     histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
     per_call: list[list[Sample]] = []
     calls_seen: set[tuple[Any, ...]] = set()
-    for history in histories:
-        for call in history.llm_calls:  # a history may list calls the trajectory lists too (`finish()`)
+    # a history may list the trajectory's calls too (`finish()`); a sample keeps its call's index in the trajectory
+    for h, history in enumerate(histories):
+        for c, call in enumerate(history.llm_calls):
             key = (
                 call.started_at,
                 tuple(call.prompt_token_ids or ()),
@@ -79,7 +81,7 @@ def samples_of(
             )
             if key not in calls_seen:
                 calls_seen.add(key)
-                per_call.append(_samples_of_call(call))
+                per_call.append(_samples_of_call(call, c if h == 0 else None))
     if not train_unkept_choices:
         per_call = _kept_choices(per_call, _choice_ids(histories))
     samples = [s for call in per_call for s in call]
@@ -184,7 +186,7 @@ def _is_kept(sample: Sample, later_prompts: list[list[int]], appended: set[tuple
     return tuple(sample.completion_ids) in appended or any(p[: len(whole)] == whole for p in later_prompts)
 
 
-def _samples_of_call(call: LLMCall) -> list[Sample]:
+def _samples_of_call(call: LLMCall, index: int | None = None) -> list[Sample]:
     if call.error or not call.prompt_token_ids:
         return []
     temperature = _temperature(call.request)
@@ -207,6 +209,7 @@ def _samples_of_call(call: LLMCall) -> list[Sample]:
                 excluded=excluded,
                 source=call.source,
                 policy_version=call.policy_version,
+                call=index,
             )
         )
     return samples

@@ -63,6 +63,10 @@ class TrainSequence:
     captured: list[bool] = field(default_factory=list)
     versions: list[int | None] = field(default_factory=list)  # the policy version that sampled each token
     role_advantages: dict[str, float] = field(default_factory=dict)
+    calls: list[int | None] = field(default_factory=list)  # per token: its call's index in `llm_calls`
+    call_advantages: dict[int, float] = field(
+        default_factory=dict
+    )  # per call, `TrainConfig.advantage` != GRPO
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -85,8 +89,13 @@ class TrainSequence:
         return max(step - version, 0) if version is not None else 0
 
     def advantage_at(self, position: int) -> float:
-        """The advantage of the trained token at `position`: its role's (the first of its role names with a
-        per-role reward), when the step has per-role rewards."""
+        """The advantage of the trained token at `position`: its call's under turn-level credit (`call_advantages`,
+        which already chose the call's role), else its role's (the first of its role names with a per-role
+        reward) when the step has per-role rewards, else the trajectory's."""
+        if self.call_advantages and self.calls:
+            call = self.calls[position]
+            if call is not None and call in self.call_advantages:
+                return self.call_advantages[call]
         if self.role_advantages and self.roles:
             for role in self.roles[position]:
                 if role in self.role_advantages:
@@ -230,6 +239,7 @@ def sequences_from_samples(
         sequence.sampled += [True] * len(context) + [sample.sampled] * n
         sequence.captured += [True] * len(context) + [sample.origin == "captured"] * n
         sequence.versions += [None] * len(context) + sample.versions()
+        sequence.calls += [None] * len(context) + [sample.call] * n
 
     out = TokenizedTrajectory()
     for sequence in sequences:

@@ -1,0 +1,76 @@
+"""bench/turn_credit.py without vLLM: its rollout against a scripted OpenAI-compatible server (per-call rewards,
+repaired mistakes, normalised tool calls so states repeat) and its paired summary on fixed rows."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import art_adapters as art
+from art_adapters.testing import Reply, ScriptedServer
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import turn_credit
+
+    yield turn_credit
+    sys.modules.pop("turn_credit", None)
+
+
+def chain_script(names: list[str]) -> Any:
+    def script(request: dict[str, Any]) -> Reply:
+        turn = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        if turn >= len(names):
+            return Reply(content="done")
+        return Reply(tool_calls=[{"name": names[turn], "arguments": {"x": turn}}])
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("names", "rewards", "success"),
+    [
+        (["day", "query", "day", "capital"], [0.0, 1 / 3, 1 / 3, 1 / 3], 1.0),  # an early mistake, repaired
+        (["query", "day", "capital"], [1 / 3] * 3, 1.0),
+        (["fun", "fun", "fun", "fun", "fun"], [0.0] * 5, 0.0),  # out of turns
+        (["query"], [1 / 3, 0.0], 0.0),  # then no tool call: the episode ends
+    ],
+)
+async def test_rollout_rewards_each_call_and_the_chain(
+    bench: ModuleType, names: list[str], rewards: list[float], success: float
+) -> None:
+    with ScriptedServer(chain_script(names), cycle=True) as server:
+        model = art.Model(
+            name="m", inference_base_url=server.base_url, inference_api_key="x", inference_model_name="m"
+        )
+        trajectory = await bench.rollout(model, bench.SCENARIOS[0], seed=1)
+        last = server.requests[-1]["messages"]
+    assert [c.reward for c in trajectory.llm_calls] == pytest.approx(rewards)
+    assert trajectory.reward == success == trajectory.metrics["success"]
+    sent = [m for m in last if m["role"] == "assistant"]
+    # what goes back to the model is normalised (fixed ids, no arguments): the same choices, the same prompt
+    assert all(m["tool_calls"][0]["id"] == f"call_{k}" for k, m in enumerate(sent))
+    assert all(m["tool_calls"][0]["function"]["arguments"] == "{}" for m in sent)
+
+
+def test_summary_pairs_seeds_and_counts_steps_to_reach(bench: ModuleType, capsys: Any) -> None:
+    rows = []
+    for seed in range(3):
+        rows.append({"seed": seed, "arm": "trajectory", "curve": [0.0, 0.2, 0.4, 0.6], "success": 0.5})
+        rows.append({"seed": seed, "arm": "turn", "curve": [0.2, 0.5, 0.6, 0.7], "success": 0.5 + 0.1 * seed})
+    bench.summarize(rows)
+    out = capsys.readouterr().out
+    assert (
+        "| turn | 0.600 (3 seeds) | +0.100 [-0.148, +0.348] | 3 (0.75x of 4) |" in out
+    )  # neighbours averaged
+    assert "| trajectory | 0.500 (3 seeds) |" in out
+    assert bench.steps_to_reach([0.0, 0.1], 0.9) is None
