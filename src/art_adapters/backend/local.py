@@ -403,44 +403,13 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         if devices == 0:
             self._base_plans[base] = None
             return config
-        from .placement import check_ids, make_engine_plan, placement_of, planned_config
-        from .stack import check_cuda_stack
+        from .placement import cuda_engine_config
 
-        check_cuda_stack()
         given = self.trainer_gpu_ids or model.trainer_gpu_ids()
-        check_ids(given, config.gpu_ids, devices)
-        processes = self._trainer_processes(model)
-        trainer = given or (list(range(processes)) if processes > 1 else [])
-        plan = make_engine_plan(base, model, config, trainer)
-        self._base_plans[base] = plan
-        if plan is None:
-            return config
-        config = planned_config(config, plan)
-        check_ids(plan.trainer_gpu_ids, config.gpu_ids, devices)
-        trainer = given or list(plan.trainer_gpu_ids)
-        dedicated = placement_of(trainer, config.gpu_ids, plan.placement) == "dedicated"
-        given_sleep = "enable_sleep_mode" in self._given_engine_fields()
-        if not dedicated and given_sleep and not config.sleep_mode_enabled(True):
-            raise ValueError(
-                "enable_sleep_mode=False, but the trainer shares the engine's GPU: the engine must sleep while a "
-                "step trains; give the engine GPUs of its own (inference gpu_ids) or leave enable_sleep_mode unset"
-            )
-        if dedicated and "enable_sleep_mode" not in self._given_engine_fields():
-            config = config.model_copy(
-                update={"enable_sleep_mode": False}
-            )  # GPUs of its own: it never sleeps
-        log.info(
-            "memory plan for %s: %s, trainer GPUs %s, inference GPUs %s (TP %d x %d replicas, util %.2f), "
-            "max_seq_len %d",
-            base.name,
-            plan.placement,
-            plan.trainer_gpu_ids,
-            config.gpu_ids,
-            config.tensor_parallel_size,
-            config.replicas,
-            config.gpu_memory_utilization,
-            config.max_model_len,
+        config, plan = cuda_engine_config(
+            config, base, model, given, self._trainer_processes(model), self._given_engine_fields(), devices
         )
+        self._base_plans[base] = plan
         return config
 
     def _given_engine_fields(self) -> set[str]:

@@ -120,3 +120,50 @@ def trainer_settings(plan: Plan | None, trainer_class: type) -> dict[str, Any]:
     if plan.load_in_4bit and "load_in_4bit" not in accepted:
         raise ValueError("the plan asks for a 4-bit trainer, which this Trainer cannot load")
     return {name: value for name, value in settings.items() if name in accepted}
+
+
+def cuda_engine_config(
+    config: InferenceConfig,
+    base: Path,
+    model: TrainableModel,
+    given: list[int],
+    processes: int,
+    given_fields: set[str],
+    devices: int,
+) -> tuple[InferenceConfig, Plan | None]:
+    """LocalBackend's engine settings on CUDA: the installed versions checked, the GPU ids checked against the
+    `devices` this process sees, and the memory plan's decision for each setting the user left unset
+    (`given_fields`); a plan that cannot fit raises PlanError here, before anything loads."""
+    from .stack import check_cuda_stack
+
+    check_cuda_stack()
+    check_ids(given, config.gpu_ids, devices)
+    trainer = given or (list(range(processes)) if processes > 1 else [])
+    plan = make_engine_plan(base, model, config, trainer)
+    if plan is None:
+        return config, None
+    config = planned_config(config, plan)
+    check_ids(plan.trainer_gpu_ids, config.gpu_ids, devices)
+    trainer = given or list(plan.trainer_gpu_ids)
+    dedicated = placement_of(trainer, config.gpu_ids, plan.placement) == "dedicated"
+    given_sleep = "enable_sleep_mode" in given_fields
+    if not dedicated and given_sleep and not config.sleep_mode_enabled(True):
+        raise ValueError(
+            "enable_sleep_mode=False, but the trainer shares the engine's GPU: the engine must sleep while a "
+            "step trains; give the engine GPUs of its own (inference gpu_ids) or leave enable_sleep_mode unset"
+        )
+    if dedicated and not given_sleep:
+        config = config.model_copy(update={"enable_sleep_mode": False})  # GPUs of its own: it never sleeps
+    log.info(
+        "memory plan for %s: %s, trainer GPUs %s, inference GPUs %s (TP %d x %d replicas, util %.2f), "
+        "max_seq_len %d",
+        base.name,
+        plan.placement,
+        plan.trainer_gpu_ids,
+        config.gpu_ids,
+        config.tensor_parallel_size,
+        config.replicas,
+        config.gpu_memory_utilization,
+        config.max_model_len,
+    )
+    return config, plan
