@@ -188,3 +188,21 @@ def test_the_async_pipeline_counts_agents_adapters_as_the_models_own() -> None:
     assert list(sampled_spans(trajectory, own_names(per_agent))) == [(3, 2), (3, 2)]  # not the judge's
     single = art.TrainableModel(name="m", project="p", base_model="x")
     assert list(sampled_spans(trajectory, own_names(single))) == [(3, 2)]
+
+
+async def test_evaluate_refuses_a_per_agent_model_before_any_rollout(tmp_path) -> None:
+    """Evaluating a PerAgent model's steps would answer every agent with the shared adapter: refused, not wrong."""
+    import art_adapters as art
+
+    model = art.TrainableModel(
+        name="m", project="p", base_model="base", adapters=art.PerAgent(by="agent", agents=["a"])
+    )
+    called: list[str] = []
+
+    async def rollout(model: object, scenario: dict) -> art.Trajectory:
+        called.append(scenario["id"])
+        raise AssertionError("no rollout may run")
+
+    with pytest.raises(ValueError, match="per-agent adapters"):
+        await art.evaluate(model, rollout, [{"id": "s1"}], steps=[0, "latest"], progress=False)
+    assert called == []

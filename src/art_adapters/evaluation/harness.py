@@ -133,6 +133,12 @@ async def evaluate(
     if success_threshold is not None and not math.isfinite(success_threshold):
         raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
     step_specs = check_steps(list(steps))
+    if step_specs and getattr(model, "adapters", None) is not None:
+        raise ValueError(
+            f"model {model.name!r} has per-agent adapters (adapters=PerAgent(...)): evaluating its steps would "
+            "answer every agent with the shared adapter; per-agent evaluation is not built yet (pass steps=[] "
+            "and references, or evaluate a model without PerAgent)"
+        )
     if step_specs and not isinstance(model, TrainableModel):
         raise ValueError(
             f"model {model.name!r} is not trainable: it has no steps; pass steps=[] and references"
