@@ -18,7 +18,7 @@ from typing import Any
 
 from ..capture.overrides import RequestOverride, request_override
 from ..model import Model, TrainableModel
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 from ..untrusted import check_name
 from .results import Attempt, EvalResult
 from .resume import AttemptKey, AttemptLog
@@ -47,9 +47,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         t, p, m, s = self.temperature, self.top_p, self.max_tokens, self.seed
-        if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t >= 0):
+        if t is not None and not (_number(t) and math.isfinite(t) and t >= 0):
             raise ValueError(f"sampling temperature must be a number >= 0, not {t!r}")
-        if p is not None and not (isinstance(p, int | float) and 0 < p <= 1):
+        if p is not None and not (_number(p) and 0 < p <= 1):
             raise ValueError(f"sampling top_p must be in (0, 1], not {p!r}")
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"sampling max_tokens must be an int >= 1, not {m!r}")
@@ -130,7 +130,9 @@ async def evaluate(
         and attempt_timeout_s > 0
     ):
         raise ValueError(f"attempt_timeout_s must be a number > 0 or None, not {attempt_timeout_s!r}")
-    if success_threshold is not None and not math.isfinite(success_threshold):
+    if success_threshold is not None and not (
+        _number(success_threshold) and math.isfinite(success_threshold)
+    ):
         raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
     step_specs = check_steps(list(steps))
     if step_specs and not isinstance(model, TrainableModel):
@@ -164,7 +166,8 @@ async def evaluate(
         "sampling": asdict(settings),
     }
     log = AttemptLog(resume, fingerprint) if resume is not None else None
-    done = log.open() if log is not None else {}
+    # an errored attempt (an endpoint that was down, a timeout) is run again: only finished ones are skipped
+    done = {k: a for k, a in (log.open() if log is not None else {}).items() if a.error is None}
     total = attempts * len(items) * len(targets)
     run = _Run(model, rollout, targets, settings, sampling is not None, log, max_error_fraction, total)
     run.timeout_s = attempt_timeout_s
@@ -223,7 +226,7 @@ def check_counts(
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= attempts:
             raise ValueError(f"pass@k needs 1 <= k <= attempts ({attempts}); got k={k!r}")
-    if not (isinstance(max_error_fraction, int | float) and 0 <= max_error_fraction <= 1):
+    if not (_number(max_error_fraction) and 0 <= max_error_fraction <= 1):
         raise ValueError(f"max_error_fraction must be in [0, 1], not {max_error_fraction!r}")
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
         raise ValueError(f"max_concurrent must be an int >= 1, not {max_concurrent!r}")
@@ -247,8 +250,17 @@ def _not_held_out(ids: list[str], train_ids: Iterable[Any] | None) -> list[str]:
     return overlap
 
 
+def _number(value: Any) -> bool:
+    """An int or float, not a bool (True is not a temperature)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    try:
+        text = str(error)
+    except Exception:  # an exception whose __str__ raises is still counted, not fatal
+        text = "(its message could not be printed)"
+    return f"{type(error).__name__}: {text}"
 
 
 class _Run:
@@ -352,8 +364,12 @@ class _Run:
         if error is None and override.calls == 0:
             error = self._bypassed()
         reward = None if trajectory is None else trajectory.reward
-        if error is None and (reward is None or not math.isfinite(reward)):
-            error = ValueError(f"the rollout's reward is {reward}, not a finite number")
+        if error is None and not (isinstance(reward, int | float) and math.isfinite(reward)):  # a bool is 0/1
+            error = ValueError(f"the rollout's reward is {reward!r}, not a finite number")
+        if error is None and reward_missing(trajectory):  # type: ignore[arg-type]
+            error = ValueError(
+                "the rollout's trajectory has no reward (flagged reward_missing; 0.0 is a placeholder)"
+            )
         if error is not None and self.first_error is None:
             self.first_error = error
         return Attempt(

@@ -17,7 +17,7 @@ from ..model import TrainableModel
 from .harness import Rollout, Sampling, check_counts, evaluate, write_result
 from .publish import Publisher, check_sinks, model_folder
 from .results import Attempt, EvalResult, TargetSummary
-from .scenarios import load_scenarios, with_ids
+from .scenarios import known_ids, load_scenarios, with_ids
 from .sinks import REPORT_PAGE
 from .summarize import comparison
 from .targets import Reference, step_label
@@ -68,6 +68,19 @@ class Evaluation:
         if self.train_ids is not None:
             self.train_ids = list(self.train_ids)
         check_sinks(self.wandb, self.langfuse)
+
+    def trains_on(self, scenarios: Any) -> None:
+        """The run's training scenarios: when they are a list (known before training) and `train_ids` was not given,
+        the ids of those that have one become `train_ids`, so evaluating any of them warns and marks the result not
+        held out. A stream (a generator, an async source) is not read ahead."""
+        if (
+            self.train_ids is None
+            and isinstance(scenarios, Sequence)
+            and not isinstance(scenarios, str | bytes)
+        ):
+            ids = known_ids(scenarios)
+            if ids:
+                self.train_ids = ids
 
     async def __call__(self, model: TrainableModel, step: int, *_: Any) -> None:
         """Evaluate `step` (extra arguments, as ART's eval_fn gets its config, are ignored) and log its metrics."""

@@ -7,6 +7,7 @@ by a different evaluation is refused rather than mixed in. A last line cut short
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from dataclasses import asdict
@@ -82,8 +83,40 @@ class AttemptLog:
                 attempt = Attempt.from_dict(json.loads(line))
             except (ValueError, TypeError, KeyError) as error:
                 raise ResumeError(f"{self.path}:{number}: not an attempt ({error})") from None
+            problem = self._problem(attempt)
+            if (
+                problem is not None
+            ):  # an edited line would otherwise crash the statistics or be silently ignored
+                raise ResumeError(
+                    f"{self.path}:{number}: {problem}; fix or delete the line (it is run again)"
+                )
             done[key_of(attempt)] = attempt
         return done
+
+    def _problem(self, attempt: Attempt) -> str | None:
+        """What is wrong with an attempt read back, or None."""
+        reward, error = attempt.reward, attempt.error
+        if not isinstance(attempt.target, str) or not isinstance(attempt.scenario_id, str):
+            return f"target and scenario_id must be text, not {attempt.target!r} and {attempt.scenario_id!r}"
+        if isinstance(attempt.attempt, bool) or not isinstance(attempt.attempt, int):
+            return f"attempt must be an int, not {attempt.attempt!r}"
+        labels = {label for label, _ in self.fingerprint.get("targets", [])}
+        if (
+            attempt.target not in labels
+            or attempt.scenario_id not in self.fingerprint.get("scenarios", [])
+            or not 0 <= attempt.attempt < self.fingerprint.get("attempts", 0)
+        ):
+            return f"{key_of(attempt)} is not one of this evaluation's attempts"
+        if error is not None and not isinstance(error, str):
+            return f"error must be text or null, not {error!r}"
+        finite = isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)
+        if (error is None and not finite) or (error is not None and reward is not None):
+            return f"reward {reward!r} with error {error!r}: a finished attempt has a finite reward, an errored none"
+        if attempt.success is not None and not isinstance(attempt.success, bool):
+            return f"success must be true, false or null, not {attempt.success!r}"
+        if not isinstance(attempt.messages, list):
+            return "messages must be a list"
+        return None
 
     def add(self, attempt: Attempt) -> None:
         """Append one finished attempt, durably (flushed and fsync'd before this returns)."""

@@ -49,6 +49,17 @@ def with_ids(scenarios: Iterable[Any]) -> list[tuple[str, Any]]:
     return out
 
 
+def known_ids(scenarios: Iterable[Any]) -> list[str]:
+    """The ids of those scenarios that have a usable one (others are skipped: training needs none)."""
+    out = []
+    for index, scenario in enumerate(scenarios):
+        try:
+            out.append(scenario_id(scenario, index))
+        except ScenarioError:
+            continue
+    return out
+
+
 def load_scenarios(path: str | Path) -> list[Any]:
     """The scenarios in a `.jsonl` file (one JSON object a line; blank lines skipped) or a `.json` file (a list,
     or an object whose "scenarios" is one)."""

@@ -1,0 +1,198 @@
+"""Attacks on the evaluation harness (issue 38) from outside: rollouts that fail in odd ways, resume files that were
+edited or record an outage, settings of the wrong type, a key where an environment variable's name belongs, and the
+held-out check inside training. Real HTTP against the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import art_adapters as art
+from art_adapters.evaluation import EvaluationError, Reference
+from art_adapters.evaluation.resume import ResumeError
+from art_adapters.testing import ScriptedServer
+from art_adapters.trajectories import REWARD_MISSING
+from eval_fakes import NAME, PROJECT, QUESTIONS, StepServingBackend, grader, rollout
+
+
+async def registered(server: ScriptedServer, steps: tuple[int, ...] = (0, 3)) -> art.TrainableModel:
+    model = art.TrainableModel(name=NAME, project=PROJECT, base_model="tiny")
+    await model.register(StepServingBackend(server.base_url, steps))  # type: ignore[arg-type]
+    return model
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+async def test_an_exception_that_cannot_be_printed_is_counted_not_fatal() -> None:
+    async def raises_unprintable(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        if scenario["id"] == "q1":
+            raise Unprintable()
+        return await rollout(model, scenario)
+
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        result = await art.evaluate(
+            model, raises_unprintable, QUESTIONS[:4], max_error_fraction=1.0, progress=False
+        )
+    errored = [a for a in result.attempts if a.error]
+    assert {a.scenario_id for a in errored} == {"q1"} and len(errored) == 2
+    assert all(a.error.startswith("Unprintable") for a in errored)  # type: ignore[union-attr]
+    assert result.target("step 0").scenarios == 3
+
+
+@pytest.mark.parametrize("reward", ["0.5", "high", [1.0]])
+async def test_a_reward_that_is_not_a_number_is_counted_as_an_error(reward: Any) -> None:
+    async def odd_reward(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        trajectory = await rollout(model, scenario)
+        trajectory.reward = reward  # pydantic does not check assignments
+        return trajectory
+
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        result = await art.evaluate(model, odd_reward, QUESTIONS[:2], max_error_fraction=1.0, progress=False)
+    assert len(result.attempts) == 4
+    assert all(a.reward is None and "not a finite number" in (a.error or "") for a in result.attempts)
+
+
+async def test_a_trajectory_flagged_reward_missing_is_not_scored_zero() -> None:
+    """An imported trajectory nothing rewarded carries a 0.0 placeholder: averaging it in as 0 would be a lie."""
+
+    async def unrewarded(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        trajectory = await rollout(model, scenario)
+        if scenario["id"] == "q0":
+            trajectory.reward = 0.0
+            trajectory.metadata[REWARD_MISSING] = True
+        return trajectory
+
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        result = await art.evaluate(model, unrewarded, QUESTIONS[:3], max_error_fraction=1.0, progress=False)
+    missing = [a for a in result.attempts if a.scenario_id == "q0"]
+    assert all(a.reward is None and "reward" in (a.error or "") for a in missing)
+    assert result.target("step 0").errors == 1 and result.target("step 0").scenarios == 2
+
+
+async def test_resume_after_an_outage_redoes_the_errored_attempts_only(tmp_path: Path) -> None:
+    """An endpoint that was down fails the evaluation (too many errors); once it is back, --resume must run the
+    failed attempts again rather than fail at once on the errors it kept, and must keep the finished ones."""
+    down = {"q1", "q2"}
+
+    async def outage(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        if scenario["id"] in down:
+            raise ConnectionError("endpoint down")
+        return await rollout(model, scenario)
+
+    resume = tmp_path / "attempts.jsonl"
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        with pytest.raises(EvaluationError, match="endpoint down"):
+            await art.evaluate(model, outage, QUESTIONS[:3], resume=resume, max_concurrent=1, progress=False)
+        finished = [json.loads(line) for line in resume.read_text().splitlines()[1:]]
+        finished_ok = {(a["target"], a["scenario_id"], a["attempt"]) for a in finished if a["error"] is None}
+        assert finished_ok  # q0 finished before the budget ran out
+        sent = len(server.requests)
+        down.clear()  # the endpoint is back
+        result = await art.evaluate(model, outage, QUESTIONS[:3], resume=resume, progress=False)
+        redone = server.requests[sent:]
+    assert [t.errors for t in result.targets] == [0, 0]
+    assert len(redone) == 6 - len(finished_ok)  # the errored and the never-run attempts, nothing finished
+    assert not any(r["messages"][-1]["content"] == QUESTIONS[0]["question"] for r in redone)
+    assert len(result.attempts) == 6
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"reward": "NaN"}, "reward"),
+        ({"reward": math.nan}, "reward"),
+        ({"attempt": 7}, "not one of this evaluation's attempts"),
+        ({"target": "step 99"}, "not one of this evaluation's attempts"),
+        ({"scenario_id": 5}, "scenario_id"),
+    ],
+)
+async def test_a_hand_edited_resume_file_is_refused_naming_the_line(
+    edit: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    resume = tmp_path / "attempts.jsonl"
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
+        lines = resume.read_text().splitlines()
+        lines[2] = json.dumps({**json.loads(lines[2]), **edit})
+        resume.write_text("\n".join(lines) + "\n")
+        sent = len(server.requests)
+        with pytest.raises(ResumeError, match=rf"attempts.jsonl:3: .*{message}"):
+            await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
+        assert len(server.requests) == sent  # refused before any rollout
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"sampling": {"temperature": True}}, "temperature must be a number"),
+        ({"sampling": {"top_p": True}}, "top_p must be in"),
+        ({"max_error_fraction": True}, "max_error_fraction must be in"),
+        ({"success_threshold": "0.5"}, "success_threshold must be a finite number"),
+    ],
+)
+async def test_settings_of_the_wrong_type_are_refused_before_any_rollout(
+    change: dict[str, Any], message: str
+) -> None:
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        with pytest.raises(ValueError, match=message):
+            await art.evaluate(model, rollout, QUESTIONS[:2], progress=False, **change)
+        assert server.requests == []
+
+
+def test_a_key_given_where_an_environment_variables_name_belongs_is_refused_without_echoing_it() -> None:
+    from art_adapters.evaluation.cli import _references
+    from art_adapters.evaluation.targets import reference_target
+
+    key = "sk-proj-Abc123secret"
+    with pytest.raises(ValueError) as caught:
+        reference_target(Reference("gpt", "https://api.example.com/v1", api_key_env=key))
+    assert key not in str(caught.value) and "environment variable" in str(caught.value)
+    with pytest.raises((ValueError, SystemExit)) as refused:
+        _references([f"gpt,https://api.example.com/v1,{key}"])
+    assert key not in str(refused.value)
+
+
+async def test_train_async_knows_its_training_scenarios_are_not_held_out(tmp_path: Path) -> None:
+    """The issue: when a run's training scenarios are known (the pipeline's source), evaluating any of them warns
+    and marks the result not held out, without train_ids= given."""
+    from art_adapters.pipeline import PipelineConfig, train_async
+    from pipeline_fakes import Rollouts, TimedBackend
+
+    class Scenario(int):
+        @property
+        def id(self) -> str:
+            return f"q{int(self)}"
+
+    with ScriptedServer(grader(trained_step=2)) as server:
+        from test_eval_harness_pipeline import ServingTimedBackend
+
+        backend: TimedBackend = ServingTimedBackend(tmp_path, server.base_url)
+        model = art.TrainableModel(name=NAME, project=PROJECT, base_model="tiny")
+        await model.register(backend)
+        evaluation = art.Evaluation(rollout, QUESTIONS[:4], attempts=1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            await train_async(
+                model,
+                Rollouts(backend),
+                [Scenario(i) for i in range(2, 12)],  # trains on q2..q11
+                pipeline=PipelineConfig(max_steps=1, groups_per_step=2, eval_every_n_steps=1),
+                eval=evaluation,
+            )
+    result = evaluation.results[1]
+    assert not result.held_out and result.not_held_out_ids == ["q2", "q3"]
+    assert any("not held out" in str(w.message) for w in caught)
