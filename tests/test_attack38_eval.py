@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -196,3 +201,67 @@ async def test_train_async_knows_its_training_scenarios_are_not_held_out(tmp_pat
     result = evaluation.results[1]
     assert not result.held_out and result.not_held_out_ids == ["q2", "q3"]
     assert any("not held out" in str(w.message) for w in caught)
+
+
+def _evaluate_in_a_process(code: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root / 'tests'}"}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+def test_a_sync_rollout_that_hangs_past_its_timeout_does_not_hang_the_process() -> None:
+    """The attempt times out and is counted; the process then ends (a thread left sleeping must not keep
+    `asyncio.run` or the interpreter waiting for it: `art-adapters eval` would never return)."""
+    done = _evaluate_in_a_process(
+        """
+        import asyncio, time
+        import art_adapters as art
+        from art_adapters.evaluation import Reference
+
+        def rollout(model, scenario):
+            if scenario["id"] == "stuck":
+                time.sleep(3600)
+            return art.Trajectory(messages_and_choices=[], reward=1.0)
+
+        async def main():
+            reference = Reference("m", "http://127.0.0.1:9/v1", api_key_env=None, label="ref")
+            result = await art.evaluate(
+                art.Model(name="m", project="p"), rollout, [{"id": "stuck"}, {"id": "fine"}], steps=[],
+                references=[reference], attempt_timeout_s=1, max_error_fraction=1.0, progress=False, report=False,
+            )
+            print("errors", result.targets[0].errors)
+
+        asyncio.run(main())
+        """
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "errors 1" in done.stdout
+
+
+async def test_sync_rollouts_run_max_concurrent_at_once() -> None:
+    """max_concurrent is honoured for a sync rollout too, not capped by asyncio's default thread pool
+    (min(32, cpus + 4) threads): every attempt must be running at once for the barrier to open."""
+    width = min(32, (os.cpu_count() or 1) + 4) + 2
+    barrier = threading.Barrier(width, timeout=60)
+
+    def meets_the_others(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        barrier.wait()
+        return art.Trajectory(messages_and_choices=[], reward=1.0)
+
+    reference = Reference("m", "http://127.0.0.1:9/v1", api_key_env=None, label="ref")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the rollout sends no request: seeds not fixed
+        result = await art.evaluate(
+            art.Model(name="m", project="p"),
+            meets_the_others,
+            [{"id": f"s{i}"} for i in range(width)],
+            steps=[],
+            references=[reference],
+            max_concurrent=width,
+            max_error_fraction=1.0,
+            progress=False,
+            report=False,
+        )
+    assert result.targets[0].errors == 0

@@ -25,6 +25,7 @@ from .resume import AttemptKey, AttemptLog
 from .scenarios import load_scenarios, with_ids
 from .summarize import comparison, default_pairs, mark_success, summarize_target
 from .targets import Reference, StepSpec, Target, check_steps, reference_target, step_targets, target_view
+from .threads import in_daemon_thread
 
 Rollout = Callable[[Model, Any], Awaitable[Trajectory] | Trajectory]
 
@@ -399,7 +400,7 @@ class _Run:
         if inspect.iscoroutinefunction(self.rollout):
             result = await self.rollout(view, scenario)  # type: ignore[misc]
         else:
-            result = await asyncio.to_thread(self.rollout, view, scenario)
+            result = await in_daemon_thread(self.rollout, view, scenario)
             if inspect.isawaitable(result):
                 result = await result
         if isinstance(result, TrajectoryGroup) and len(result.trajectories) == 1 and not result.exceptions:
