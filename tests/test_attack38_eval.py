@@ -265,3 +265,24 @@ async def test_sync_rollouts_run_max_concurrent_at_once() -> None:
             report=False,
         )
     assert result.targets[0].errors == 0
+
+
+async def test_two_evaluations_at_once_on_one_resume_file_the_second_is_refused(tmp_path: Path) -> None:
+    """Both would run every attempt and append them twice (two processes starting together both write a header,
+    which leaves a file no later resume can read): the second is refused before any rollout, naming the file."""
+    import asyncio
+
+    resume = tmp_path / "attempts.jsonl"
+    with ScriptedServer(grader(3, delay_s=0.05)) as server:
+        model = await registered(server)
+        first, second = await asyncio.gather(
+            art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False),
+            art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False),
+            return_exceptions=True,
+        )
+        assert isinstance(first, art.evaluation.EvalResult)
+        assert isinstance(second, ResumeError) and "in use by another evaluation" in str(second)
+        assert len(server.requests) == 8  # one evaluation's attempts, once
+        again = await art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False)  # released
+    assert len(again.attempts) == 8 and len(server.requests) == 8
+    assert len(resume.read_text().splitlines()) == 1 + 8

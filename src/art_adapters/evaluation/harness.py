@@ -167,23 +167,25 @@ async def evaluate(
         "sampling": asdict(settings),
     }
     log = AttemptLog(resume, fingerprint) if resume is not None else None
-    # an errored attempt (an endpoint that was down, a timeout) is run again: only finished ones are skipped
-    done = {k: a for k, a in (log.open() if log is not None else {}).items() if a.error is None}
     total = attempts * len(items) * len(targets)
     run = _Run(model, rollout, targets, settings, sampling is not None, log, max_error_fraction, total)
     run.timeout_s = attempt_timeout_s
-    run.results.update(done)
-    todo = [
-        (target, sid, scenario, a)
-        for sid, scenario in items
-        for a in range(attempts)
-        for target in targets
-        if (target.label, sid, a) not in done
-    ]
     try:
+        # an errored attempt (an endpoint that was down, a timeout) is run again: only finished ones are skipped
+        done = {k: a for k, a in (log.open() if log is not None else {}).items() if a.error is None}
+        run.results.update(done)
+        todo = [
+            (target, sid, scenario, a)
+            for sid, scenario in items
+            for a in range(attempts)
+            for target in targets
+            if (target.label, sid, a) not in done
+        ]
         await run.all(todo, max_concurrent, progress, initial=len(done))
     finally:
         await run.close()
+        if log is not None:
+            log.close()
 
     finished = [run.results[(t.label, sid, a)] for t in targets for sid in ids for a in range(attempts)]
     known = mark_success(finished, success_threshold)

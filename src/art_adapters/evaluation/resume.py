@@ -6,13 +6,14 @@ by a different evaluation is refused rather than mixed in. A last line cut short
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .results import Attempt
 
@@ -37,16 +38,38 @@ class AttemptLog:
         self.path = Path(path)
         self.fingerprint = json.loads(json.dumps(fingerprint))  # as it reads back
         self._lock = threading.Lock()
+        self._held: BinaryIO | None = None  # the open file whose lock says an evaluation is using it
         self.done: dict[AttemptKey, Attempt] = {}
 
     def open(self) -> dict[AttemptKey, Attempt]:
-        """Read what a previous run finished (none for a new file) and get ready to append; returns it."""
+        """Take the file for this evaluation (another one using it now is refused: both would run every attempt
+        and append it twice), read what a previous run finished (none for a new file) and get ready to append;
+        returns it. `close()` gives the file back."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_file() and self.path.stat().st_size > 0:
-            self.done = self._read()
-        else:
-            self._append({"format": FORMAT, "evaluation": self.fingerprint})
+        self._held = open(self.path, "ab")  # noqa: SIM115 (held until close())
+        try:
+            fcntl.flock(self._held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise ResumeError(
+                f"resume file {str(self.path)!r} is in use by another evaluation running now; wait for it to end, "
+                "or use another file"
+            ) from None
+        try:
+            if self.path.stat().st_size > 0:
+                self.done = self._read()
+            else:
+                self._append({"format": FORMAT, "evaluation": self.fingerprint})
+        except BaseException:
+            self.close()
+            raise
         return dict(self.done)
+
+    def close(self) -> None:
+        """Give the file back (the lock goes with the handle)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def _read(self) -> dict[AttemptKey, Attempt]:
         lines = self.path.read_bytes().split(b"\n")
