@@ -286,3 +286,44 @@ async def test_two_evaluations_at_once_on_one_resume_file_the_second_is_refused(
         again = await art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False)  # released
     assert len(again.attempts) == 8 and len(server.requests) == 8
     assert len(resume.read_text().splitlines()) == 1 + 8
+
+
+async def test_an_evaluation_in_training_without_sampling_does_not_refuse_a_rollout_with_its_own_client() -> (
+    None
+):
+    """art.evaluate without sampling= warns that the seeds are not fixed for such a rollout; art.Evaluation without
+    sampling= turned None into Sampling() and so failed every attempt as if settings had been asked for."""
+    import openai
+
+    async def own_client(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key="x", max_retries=0)
+        async with client:
+            await client.chat.completions.create(
+                model=model.get_inference_name(), messages=[{"role": "user", "content": scenario["question"]}]
+            )
+        return art.Trajectory(messages_and_choices=[], reward=1.0)
+
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        evaluation = art.Evaluation(own_client, QUESTIONS[:3], attempts=1, report=False)
+        with pytest.warns(UserWarning, match="seeds are not fixed"):
+            result = await evaluation.run(model, 3)
+    assert [t.errors for t in result.targets] == [0, 0]
+
+
+async def test_the_report_page_never_overwrites_the_json_result(tmp_path: Path) -> None:
+    """Without a model folder the page goes beside `output` as its .html: an output named .html was replaced by
+    the page, losing the result."""
+    with ScriptedServer(grader(3)) as server:
+        reference = Reference("reference-model", server.base_url, api_key_env=None, label="ref")
+        output = tmp_path / "result.html"
+        await art.evaluate(
+            art.Model(name="m", project="p"),
+            rollout,
+            QUESTIONS[:2],
+            steps=[],
+            references=[reference],
+            output=output,
+            progress=False,
+        )
+    assert json.loads(output.read_text())["targets"][0]["target"] == "ref"

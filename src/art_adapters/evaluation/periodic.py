@@ -62,7 +62,8 @@ class Evaluation:
         self.scenarios = list(self.scenarios)
         with_ids(self.scenarios)
         check_counts(self.attempts, None, self.max_error_fraction, 1)
-        self.sampling = Sampling.of(self.sampling)
+        if self.sampling is not None:  # None stays None: no settings asked for (as in art.evaluate)
+            self.sampling = Sampling.of(self.sampling)
         if self.baseline is not None and (isinstance(self.baseline, bool) or self.baseline < 0):
             raise ValueError(f"baseline must be a step >= 0 or None, not {self.baseline!r}")
         if self.train_ids is not None:

@@ -57,7 +57,11 @@ async def train_async(
                 "train_async(eval=...) would never evaluate: set PipelineConfig(eval_every_n_steps=N) "
                 "and/or eval_at_start=True"
             )
-        eval.trains_on(scenarios)  # its training scenarios are not held out
+        trains_on = getattr(
+            eval, "trains_on", None
+        )  # an art.Evaluation: its training scenarios are not held out
+        if callable(trains_on):
+            trains_on(scenarios)
         eval_fn = eval
     return await Pipeline(
         model,
