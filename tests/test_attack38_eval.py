@@ -327,3 +327,26 @@ async def test_the_report_page_never_overwrites_the_json_result(tmp_path: Path) 
             progress=False,
         )
     assert json.loads(output.read_text())["targets"][0]["target"] == "ref"
+
+
+async def test_a_scenario_the_trained_step_always_errors_on_is_reported_in_the_comparison() -> None:
+    """The gain pairs the scenarios both steps finished; a scenario every attempt of the trained step failed on
+    (an answer the rollout cannot parse) drops out of it, which flatters the gain: it must be named there, not
+    only counted in the step's errors."""
+
+    async def trained_breaks_q1(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        if scenario["id"] == "q1" and model.get_inference_name().endswith("@3"):
+            raise ValueError("the answer could not be parsed")
+        return await rollout(model, scenario)
+
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        result = await art.evaluate(
+            model, trained_breaks_q1, QUESTIONS[:5], attempts=2, max_error_fraction=1.0, progress=False
+        )
+    (gain,) = result.comparisons
+    assert gain.unpaired == ["q1"]
+    assert "q1" not in gain.changes.improved + gain.changes.same + gain.changes.worse
+    assert "not compared" in art.evaluation.table.format_table(result)
+    again = art.evaluation.EvalResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again.comparisons[0].unpaired == ["q1"]

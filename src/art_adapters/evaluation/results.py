@@ -66,13 +66,23 @@ class Comparison:
     b: str
     diff: Interval
     changes: Changes
+    unpaired: list[str] = field(
+        default_factory=list
+    )  # scenarios one of them finished no attempt of: not in diff
 
     def to_dict(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "diff": self.diff.to_dict(), "changes": self.changes.to_dict()}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "diff": self.diff.to_dict(),
+            "changes": self.changes.to_dict(),
+            "unpaired": list(self.unpaired),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Comparison:
-        return cls(data["a"], data["b"], Interval.from_dict(data["diff"]), Changes.from_dict(data["changes"]))
+        diff, changes = Interval.from_dict(data["diff"]), Changes.from_dict(data["changes"])
+        return cls(data["a"], data["b"], diff, changes, list(data.get("unpaired", [])))
 
 
 @dataclass
