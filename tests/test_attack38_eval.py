@@ -350,3 +350,38 @@ async def test_a_scenario_the_trained_step_always_errors_on_is_reported_in_the_c
     assert "not compared" in art.evaluation.table.format_table(result)
     again = art.evaluation.EvalResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again.comparisons[0].unpaired == ["q1"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--reference", "gpt,http://127.0.0.1:9/v1,ART_ATTACK38_NO_SUCH_KEY"], "ART_ATTACK38_NO_SUCH_KEY"),
+        (["--reference", "gpt,ftp://example.com"], "base_url must be an http"),
+        (["--split", "../val"], "split name '../val' must match"),
+        (["--attempt-timeout", "0"], "attempt_timeout_s must be a number > 0"),
+        (["--success-threshold", "nan"], "success_threshold must be a finite number"),
+    ],
+)
+def test_eval_command_refuses_these_before_the_engine_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    """The CLI promises bad input is refused before the engine starts (minutes on a GPU); these were refused only
+    inside art.evaluate, after the model was registered and its engine started."""
+    import re
+
+    import art_adapters.backend.local as local
+    from art_adapters.cli import main
+    from test_eval_harness_cli import args, project_dir, scenario_file
+
+    def no_backend(*a: object, **k: object) -> None:
+        raise AssertionError("the backend started before the input was checked")
+
+    monkeypatch.setattr(local, "LocalBackend", no_backend)
+    monkeypatch.delenv("ART_ATTACK38_NO_SUCH_KEY", raising=False)
+    root = project_dir(tmp_path / "art", (0, 3))
+    assert main(args(root, scenario_file(tmp_path, QUESTIONS), *extra)) == 2
+    assert re.search(message, capsys.readouterr().err)

@@ -125,16 +125,7 @@ async def evaluate(
     items = with_ids(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
     ids = [sid for sid, _ in items]
     ks = check_counts(attempts, pass_k, max_error_fraction, max_concurrent)
-    if attempt_timeout_s is not None and not (
-        isinstance(attempt_timeout_s, int | float)
-        and math.isfinite(attempt_timeout_s)
-        and attempt_timeout_s > 0
-    ):
-        raise ValueError(f"attempt_timeout_s must be a number > 0 or None, not {attempt_timeout_s!r}")
-    if success_threshold is not None and not (
-        _number(success_threshold) and math.isfinite(success_threshold)
-    ):
-        raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
+    check_limits(attempt_timeout_s, success_threshold)
     step_specs = check_steps(list(steps))
     if step_specs and not isinstance(model, TrainableModel):
         raise ValueError(
@@ -234,6 +225,18 @@ def check_counts(
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
         raise ValueError(f"max_concurrent must be an int >= 1, not {max_concurrent!r}")
     return sorted(set(ks))
+
+
+def check_limits(attempt_timeout_s: float | None, success_threshold: float | None) -> None:
+    """The attempt timeout (a number > 0, or None) and the success threshold (finite, or None), checked."""
+    if attempt_timeout_s is not None and not (
+        _number(attempt_timeout_s) and math.isfinite(attempt_timeout_s) and attempt_timeout_s > 0
+    ):
+        raise ValueError(f"attempt_timeout_s must be a number > 0 or None, not {attempt_timeout_s!r}")
+    if success_threshold is not None and not (
+        _number(success_threshold) and math.isfinite(success_threshold)
+    ):
+        raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
 
 
 def _not_held_out(ids: list[str], train_ids: Iterable[Any] | None) -> list[str]:
