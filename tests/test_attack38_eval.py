@@ -385,3 +385,35 @@ def test_eval_command_refuses_these_before_the_engine_starts(
     root = project_dir(tmp_path / "art", (0, 3))
     assert main(args(root, scenario_file(tmp_path, QUESTIONS), *extra)) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+async def test_a_decorated_agent_naming_the_model_itself_is_not_silently_evaluated_as_a_reference() -> None:
+    """A decorated agent with its own client, naming the model as in training, is redirected to each step, but not
+    to a reference endpoint: its requests went to the engine under the model's own name, which LocalBackend's
+    gateway serves as the NEWEST step, so the 'reference' was the trained model compared with itself. Each such
+    attempt must fail saying why, and the reference server is never reached by the engine's name."""
+    import openai
+
+    from art_adapters.adapters import wrap_rollout
+
+    with ScriptedServer(grader(3)) as server, ScriptedServer(lambda request: "42") as elsewhere:
+        model = await registered(server)
+        agent_client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key="k", max_retries=0)
+
+        @wrap_rollout(model)
+        async def agent(_: art.Model, scenario: dict[str, Any]) -> float:
+            answer = await agent_client.chat.completions.create(
+                model=f"{PROJECT}/{NAME}", messages=[{"role": "user", "content": scenario["question"]}]
+            )
+            return 1.0 if answer.choices[0].message.content == scenario["answer"] else 0.0
+
+        reference = Reference("bigger", elsewhere.base_url, api_key_env=None, label="ref")
+        result = await art.evaluate(
+            model, agent, QUESTIONS[:2], references=[reference], max_error_fraction=1.0, progress=False
+        )
+        await agent_client.close()
+        engine_names = {r["model"] for r in server.requests}
+    assert f"{PROJECT}/{NAME}" not in engine_names  # never answered by the newest step under the model's name
+    assert [t.errors for t in result.targets] == [0, 0, 2]
+    errors = {a.error for a in result.attempts if a.target == "ref"}
+    assert len(errors) == 1 and "cannot be sent to reference 'ref'" in errors.pop()  # type: ignore[operator]

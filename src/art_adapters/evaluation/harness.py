@@ -290,6 +290,7 @@ class _Run:
             if model.inference_model_name or model.trainable
             else set()
         )
+        self.own = own
         self.names = {
             t.label: ({n: t.model_name for n in own} if t.step is not None else {}) for t in targets
         }
@@ -350,6 +351,14 @@ class _Run:
     async def attempt(self, target: Target, sid: str, scenario: Any, index: int) -> Attempt:
         seed = None if self.sampling.seed is None else (self.sampling.seed, sid, index)
         override = RequestOverride(self.sampling.overrides(), seed, self.names[target.label])
+        if target.step is None:  # the model's own names reach its engine, not this reference
+            why = (
+                f"the rollout's request names the model itself ({{}}) on its own client, so it cannot be sent to "
+                f"reference {target.label!r} (it would be answered by the trained model): use model.openai_client() "
+                "and model.get_inference_name() to evaluate a reference"
+            )
+            override.stranded = {name: why.format(name) for name in self.own}
+            override.target_url = target.base_url
         start = time.monotonic()
         error: BaseException | None = None
         trajectory: Trajectory | None = None
@@ -367,6 +376,8 @@ class _Run:
                 error = wrong
             except Exception as failed:
                 error = failed
+        if override.refused is not None:  # the client may have wrapped it (openai: "Connection error.")
+            error = RuntimeError(override.refused)
         if error is None and override.calls == 0:
             error = self._bypassed()
         reward = None if trajectory is None else trajectory.reward
