@@ -417,3 +417,15 @@ async def test_a_decorated_agent_naming_the_model_itself_is_not_silently_evaluat
     assert [t.errors for t in result.targets] == [0, 0, 2]
     errors = {a.error for a in result.attempts if a.target == "ref"}
     assert len(errors) == 1 and "cannot be sent to reference 'ref'" in errors.pop()  # type: ignore[operator]
+
+
+async def test_train_ids_given_as_one_string_are_refused() -> None:
+    """`train_ids="train.jsonl"` (a path) or `"q0"` was iterated character by character: nothing matched, and the
+    result was marked held out."""
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        with pytest.raises(ValueError, match="train_ids must be ids"):
+            await art.evaluate(model, rollout, QUESTIONS[:2], train_ids="q0", progress=False)
+        assert server.requests == []
+    with pytest.raises(ValueError, match="train_ids must be ids"):
+        art.Evaluation(rollout, QUESTIONS[:2], train_ids="train.jsonl")

@@ -22,7 +22,7 @@ from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 from ..untrusted import check_name
 from .results import Attempt, EvalResult
 from .resume import AttemptKey, AttemptLog
-from .scenarios import load_scenarios, with_ids
+from .scenarios import check_train_ids, load_scenarios, with_ids
 from .summarize import comparison, default_pairs, mark_success, summarize_target
 from .targets import Reference, StepSpec, Target, check_steps, reference_target, step_targets, target_view
 from .threads import in_daemon_thread
@@ -241,9 +241,10 @@ def check_limits(attempt_timeout_s: float | None, success_threshold: float | Non
 
 def _not_held_out(ids: list[str], train_ids: Iterable[Any] | None) -> list[str]:
     """The evaluated ids that were trained on (warned about once)."""
-    if train_ids is None:
+    checked = check_train_ids(train_ids)
+    if checked is None:
         return []
-    trained = {str(i) for i in train_ids}
+    trained = set(checked)
     overlap = [sid for sid in ids if sid in trained]
     if overlap:
         shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")

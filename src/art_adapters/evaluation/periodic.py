@@ -17,7 +17,7 @@ from ..model import TrainableModel
 from .harness import Rollout, Sampling, check_counts, evaluate, write_result
 from .publish import Publisher, check_sinks, model_folder
 from .results import Attempt, EvalResult, TargetSummary
-from .scenarios import known_ids, load_scenarios, with_ids
+from .scenarios import check_train_ids, known_ids, load_scenarios, with_ids
 from .sinks import REPORT_PAGE
 from .summarize import comparison
 from .targets import Reference, step_label
@@ -66,8 +66,7 @@ class Evaluation:
             self.sampling = Sampling.of(self.sampling)
         if self.baseline is not None and (isinstance(self.baseline, bool) or self.baseline < 0):
             raise ValueError(f"baseline must be a step >= 0 or None, not {self.baseline!r}")
-        if self.train_ids is not None:
-            self.train_ids = list(self.train_ids)
+        self.train_ids = check_train_ids(self.train_ids)
         check_sinks(self.wandb, self.langfuse)
 
     def trains_on(self, scenarios: Any) -> None:

@@ -60,6 +60,18 @@ def known_ids(scenarios: Iterable[Any]) -> list[str]:
     return out
 
 
+def check_train_ids(train_ids: Iterable[Any] | None) -> list[str] | None:
+    """The training scenarios' ids as text; one string (a path, a single id) is refused, not read letter by letter."""
+    if train_ids is None:
+        return None
+    if isinstance(train_ids, str | bytes | Path):
+        raise ScenarioError(
+            f"train_ids must be ids (a list, a set), not one string {str(train_ids)!r}: for a file, pass "
+            "[id for id, _ in with_ids(load_scenarios(path))]"
+        )
+    return [str(i) for i in train_ids]
+
+
 def load_scenarios(path: str | Path) -> list[Any]:
     """The scenarios in a `.jsonl` file (one JSON object a line; blank lines skipped) or a `.json` file (a list,
     or an object whose "scenarios" is one)."""
