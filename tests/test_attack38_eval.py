@@ -429,3 +429,15 @@ async def test_train_ids_given_as_one_string_are_refused() -> None:
         assert server.requests == []
     with pytest.raises(ValueError, match="train_ids must be ids"):
         art.Evaluation(rollout, QUESTIONS[:2], train_ids="train.jsonl")
+
+
+async def test_a_resume_file_cut_in_its_header_starts_over_rather_than_failing(tmp_path: Path) -> None:
+    """Killed while the header was written: no attempt was finished, so the file starts over (it was cut to nothing
+    and refused with 'has no header line', so the first rerun always failed)."""
+    resume = tmp_path / "attempts.jsonl"
+    resume.write_text('{"format": 1, "evaluation": {"model": "ag')
+    with ScriptedServer(grader(3)) as server:
+        model = await registered(server)
+        result = await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
+    assert len(result.attempts) == 4
+    assert len(resume.read_text().splitlines()) == 1 + 4

@@ -77,8 +77,9 @@ class AttemptLog:
         if torn.strip():
             with open(self.path, "r+b") as handle:  # cut it, so the next append starts a clean line
                 handle.truncate(self.path.stat().st_size - len(torn))
-        if not complete:
-            raise ResumeError(f"resume file {str(self.path)!r} has no header line")
+        if not complete:  # cut while its header was written: no attempt finished, so it starts over
+            self._append({"format": FORMAT, "evaluation": self.fingerprint})
+            return {}
         try:
             header = json.loads(complete[0])
         except ValueError:
