@@ -441,3 +441,12 @@ async def test_a_resume_file_cut_in_its_header_starts_over_rather_than_failing(t
         result = await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
     assert len(result.attempts) == 4
     assert len(resume.read_text().splitlines()) == 1 + 4
+
+
+def test_a_scenario_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    from art_adapters.evaluation.scenarios import ScenarioError, load_scenarios
+
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"id": "q0", "question": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(ScenarioError, match=r"latin1.jsonl.*not UTF-8"):
+        load_scenarios(latin)

@@ -78,7 +78,10 @@ def load_scenarios(path: str | Path) -> list[Any]:
     path = Path(path)
     if not path.is_file():
         raise ScenarioError(f"scenario file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ScenarioError(f"scenario file {str(path)!r} is not UTF-8 ({error})") from None
     if path.suffix == ".jsonl":
         items = []
         for number, line in enumerate(text.splitlines(), 1):
