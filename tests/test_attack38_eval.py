@@ -450,3 +450,20 @@ def test_a_scenario_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     latin.write_bytes('{"id": "q0", "question": "caf\u00e9"}\n'.encode("latin-1"))
     with pytest.raises(ScenarioError, match=r"latin1.jsonl.*not UTF-8"):
         load_scenarios(latin)
+
+
+async def test_a_reference_gets_no_seed_on_the_responses_api_which_has_none() -> None:
+    """OpenAI's Responses API has no `seed` (openai's ResponseCreateParams lacks it; the hosted API refuses unknown
+    parameters), so adding one to every request of a Responses-API rollout made each attempt against a hosted
+    reference fail. Our engine (vLLM) takes it, so the steps keep theirs."""
+
+    async def responses_rollout(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
+        await model.openai_client().responses.create(model=model.get_inference_name(), input=scenario["id"])
+        return art.Trajectory(messages_and_choices=[], reward=1.0)
+
+    with ScriptedServer(lambda request: "ok") as server, ScriptedServer(lambda request: "ok") as hosted:
+        model = await registered(server)
+        reference = Reference("gpt-hosted", hosted.base_url, api_key_env=None, label="ref")
+        await art.evaluate(model, responses_rollout, [{"id": "a"}], references=[reference], progress=False)
+        assert [r.get("seed") is not None for r in server.requests] == [True, True]
+        assert [("seed" in r, r["model"]) for r in hosted.requests] == [(False, "gpt-hosted")]

@@ -45,6 +45,9 @@ class RequestOverride:
     model_names: Mapping[str, str] = field(default_factory=dict)
     stranded: Mapping[str, str] = field(default_factory=dict)  # model name -> why it cannot reach the target
     target_url: str = ""
+    unseeded: frozenset[str] = frozenset(
+        {"messages"}
+    )  # endpoint kinds that take no seed (Anthropic's Messages API)
     calls: int = 0  # requests rewritten so far
     refused: str | None = None  # set when a request was refused
 
@@ -65,7 +68,7 @@ class RequestOverride:
             present = [k for k in keys if k in out]
             for k in present or keys[-1:]:
                 out[k] = limit
-        if self.seed_parts is not None and kind != "messages":  # Anthropic's Messages API has no seed
+        if self.seed_parts is not None and kind not in self.unseeded:
             out["seed"] = call_seed(*self.seed_parts, index)
         return out
 

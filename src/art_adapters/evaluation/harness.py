@@ -20,7 +20,7 @@ from ..capture.overrides import RequestOverride, request_override
 from ..model import Model, TrainableModel
 from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 from ..untrusted import check_name
-from .results import Attempt, EvalResult
+from .results import Attempt, EvalResult, plain_messages
 from .resume import AttemptKey, AttemptLog
 from .scenarios import check_train_ids, load_scenarios, with_ids
 from .summarize import comparison, default_pairs, mark_success, summarize_target
@@ -360,6 +360,7 @@ class _Run:
             )
             override.stranded = {name: why.format(name) for name in self.own}
             override.target_url = target.base_url
+            override.unseeded = frozenset({"messages", "responses"})  # OpenAI's Responses API has no seed
         start = time.monotonic()
         error: BaseException | None = None
         trajectory: Trajectory | None = None
@@ -397,7 +398,7 @@ class _Run:
             reward=None if error is not None else float(reward),  # type: ignore[arg-type]
             success=None,
             error=None if error is None else _describe(error),
-            messages=_messages(trajectory) if trajectory is not None else [],
+            messages=plain_messages(trajectory) if trajectory is not None else [],
             seconds=time.monotonic() - start,
         )
 
@@ -441,16 +442,3 @@ class _Run:
             client = view.__pydantic_private__.get("_client") if view.__pydantic_private__ else None
             if client is not None:
                 await client.close()
-
-
-def _messages(trajectory: Trajectory) -> list[dict[str, Any]]:
-    """The trajectory's messages as plain JSON-able dicts (choices as their messages)."""
-    out: list[dict[str, Any]] = []
-    for item in trajectory.messages_and_choices:
-        if isinstance(item, dict):
-            out.append(json.loads(json.dumps(item, default=str)))
-            continue
-        message = getattr(item, "message", None)
-        dump = getattr(message if message is not None else item, "model_dump", None)
-        out.append(dump(mode="json", exclude_none=True) if dump else {"content": str(item)})
-    return out

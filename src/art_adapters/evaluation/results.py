@@ -3,6 +3,7 @@ comparisons between targets; JSON in and out, so a result file can be reported, 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,3 +136,16 @@ class EvalResult:
             if summary.target == label:
                 return summary
         raise KeyError(f"no target {label!r} in this evaluation (have: {[t.target for t in self.targets]})")
+
+
+def plain_messages(trajectory: Any) -> list[dict[str, Any]]:
+    """The trajectory's messages as plain JSON-able dicts (choices as their messages)."""
+    out: list[dict[str, Any]] = []
+    for item in trajectory.messages_and_choices:
+        if isinstance(item, dict):
+            out.append(json.loads(json.dumps(item, default=str)))
+            continue
+        message = getattr(item, "message", None)
+        dump = getattr(message if message is not None else item, "model_dump", None)
+        out.append(dump(mode="json", exclude_none=True) if dump else {"content": str(item)})
+    return out
