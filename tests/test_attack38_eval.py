@@ -467,3 +467,33 @@ async def test_a_reference_gets_no_seed_on_the_responses_api_which_has_none() ->
         await art.evaluate(model, responses_rollout, [{"id": "a"}], references=[reference], progress=False)
         assert [r.get("seed") is not None for r in server.requests] == [True, True]
         assert [("seed" in r, r["model"]) for r in hosted.requests] == [(False, "gpt-hosted")]
+
+
+def test_eval_command_names_a_rollout_of_the_wrong_type_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import art_adapters.backend.local as local
+    from art_adapters.cli import main
+    from test_eval_harness_cli import args, project_dir, scenario_file
+
+    agent = tmp_path / "attack38_wrong_type_agent.py"
+    agent.write_text(
+        "from eval_fakes import rollout\n\n"
+        "async def reward_only(model, scenario):\n"
+        "    return (await rollout(model, scenario)).reward\n"
+    )
+    root = project_dir(tmp_path / "art", (0, 3))
+    with ScriptedServer(grader(3)) as server:
+
+        class Backend(StepServingBackend):
+            def __init__(self, path: str) -> None:
+                super().__init__(server.base_url, (0, 3))
+
+            async def close(self) -> None:
+                pass
+
+        monkeypatch.setattr(local, "LocalBackend", Backend)
+        argv = args(root, scenario_file(tmp_path, QUESTIONS[:2]))
+        argv[1] = f"{agent}:reward_only"
+        assert main(argv) == 2
+    assert "returned float, not a Trajectory" in capsys.readouterr().err

@@ -286,6 +286,11 @@ def eval_command(argv: list[str]) -> int:
     except (ScenarioError, ResumeError, EvaluationError, ValueError) as error:
         print(f"art-adapters eval: {error}", file=sys.stderr)
         return 2
+    except TypeError as error:
+        if not getattr(error, "unusable_rollout", False):  # a bug, with its traceback
+            raise
+        print(f"art-adapters eval: {error}", file=sys.stderr)  # the user's rollout returns the wrong type
+        return 2
     print(format_result(result))
     if args.output:
         print(f"result: {args.output}")
