@@ -1,11 +1,11 @@
-"""Attacks on the evaluation harness (issue 38) from outside: rollouts that fail in odd ways, resume files that were
-edited or record an outage, settings of the wrong type, a key where an environment variable's name belongs, and the
-held-out check inside training. Real HTTP against the scripted OpenAI-compatible server."""
+"""Attacks on the evaluation harness (issue 38) from outside: rollouts that fail in odd ways (an unprintable
+exception, a reward that is text or flagged missing, a sync rollout that hangs), settings of the wrong type, a key
+where an environment variable's name belongs, references reached by the wrong model, and held-out honesty inside
+training. Real HTTP against the scripted OpenAI-compatible server."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 import art_adapters as art
-from art_adapters.evaluation import EvaluationError, Reference
-from art_adapters.evaluation.resume import ResumeError
+from art_adapters.evaluation import Reference
 from art_adapters.testing import ScriptedServer
 from art_adapters.trajectories import REWARD_MISSING
 from eval_fakes import NAME, PROJECT, QUESTIONS, StepServingBackend, grader, rollout
@@ -83,60 +82,6 @@ async def test_a_trajectory_flagged_reward_missing_is_not_scored_zero() -> None:
     missing = [a for a in result.attempts if a.scenario_id == "q0"]
     assert all(a.reward is None and "reward" in (a.error or "") for a in missing)
     assert result.target("step 0").errors == 1 and result.target("step 0").scenarios == 2
-
-
-async def test_resume_after_an_outage_redoes_the_errored_attempts_only(tmp_path: Path) -> None:
-    """An endpoint that was down fails the evaluation (too many errors); once it is back, --resume must run the
-    failed attempts again rather than fail at once on the errors it kept, and must keep the finished ones."""
-    down = {"q1", "q2"}
-
-    async def outage(model: art.Model, scenario: dict[str, Any]) -> art.Trajectory:
-        if scenario["id"] in down:
-            raise ConnectionError("endpoint down")
-        return await rollout(model, scenario)
-
-    resume = tmp_path / "attempts.jsonl"
-    with ScriptedServer(grader(3)) as server:
-        model = await registered(server)
-        with pytest.raises(EvaluationError, match="endpoint down"):
-            await art.evaluate(model, outage, QUESTIONS[:3], resume=resume, max_concurrent=1, progress=False)
-        finished = [json.loads(line) for line in resume.read_text().splitlines()[1:]]
-        finished_ok = {(a["target"], a["scenario_id"], a["attempt"]) for a in finished if a["error"] is None}
-        assert finished_ok  # q0 finished before the budget ran out
-        sent = len(server.requests)
-        down.clear()  # the endpoint is back
-        result = await art.evaluate(model, outage, QUESTIONS[:3], resume=resume, progress=False)
-        redone = server.requests[sent:]
-    assert [t.errors for t in result.targets] == [0, 0]
-    assert len(redone) == 6 - len(finished_ok)  # the errored and the never-run attempts, nothing finished
-    assert not any(r["messages"][-1]["content"] == QUESTIONS[0]["question"] for r in redone)
-    assert len(result.attempts) == 6
-
-
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        ({"reward": "NaN"}, "reward"),
-        ({"reward": math.nan}, "reward"),
-        ({"attempt": 7}, "not one of this evaluation's attempts"),
-        ({"target": "step 99"}, "not one of this evaluation's attempts"),
-        ({"scenario_id": 5}, "scenario_id"),
-    ],
-)
-async def test_a_hand_edited_resume_file_is_refused_naming_the_line(
-    edit: dict[str, Any], message: str, tmp_path: Path
-) -> None:
-    resume = tmp_path / "attempts.jsonl"
-    with ScriptedServer(grader(3)) as server:
-        model = await registered(server)
-        await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
-        lines = resume.read_text().splitlines()
-        lines[2] = json.dumps({**json.loads(lines[2]), **edit})
-        resume.write_text("\n".join(lines) + "\n")
-        sent = len(server.requests)
-        with pytest.raises(ResumeError, match=rf"attempts.jsonl:3: .*{message}"):
-            await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
-        assert len(server.requests) == sent  # refused before any rollout
 
 
 @pytest.mark.parametrize(
@@ -267,27 +212,6 @@ async def test_sync_rollouts_run_max_concurrent_at_once() -> None:
     assert result.targets[0].errors == 0
 
 
-async def test_two_evaluations_at_once_on_one_resume_file_the_second_is_refused(tmp_path: Path) -> None:
-    """Both would run every attempt and append them twice (two processes starting together both write a header,
-    which leaves a file no later resume can read): the second is refused before any rollout, naming the file."""
-    import asyncio
-
-    resume = tmp_path / "attempts.jsonl"
-    with ScriptedServer(grader(3, delay_s=0.05)) as server:
-        model = await registered(server)
-        first, second = await asyncio.gather(
-            art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False),
-            art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False),
-            return_exceptions=True,
-        )
-        assert isinstance(first, art.evaluation.EvalResult)
-        assert isinstance(second, ResumeError) and "in use by another evaluation" in str(second)
-        assert len(server.requests) == 8  # one evaluation's attempts, once
-        again = await art.evaluate(model, rollout, QUESTIONS[:4], resume=resume, progress=False)  # released
-    assert len(again.attempts) == 8 and len(server.requests) == 8
-    assert len(resume.read_text().splitlines()) == 1 + 8
-
-
 async def test_an_evaluation_in_training_without_sampling_does_not_refuse_a_rollout_with_its_own_client() -> (
     None
 ):
@@ -352,41 +276,6 @@ async def test_a_scenario_the_trained_step_always_errors_on_is_reported_in_the_c
     assert again.comparisons[0].unpaired == ["q1"]
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--reference", "gpt,http://127.0.0.1:9/v1,ART_ATTACK38_NO_SUCH_KEY"], "ART_ATTACK38_NO_SUCH_KEY"),
-        (["--reference", "gpt,ftp://example.com"], "base_url must be an http"),
-        (["--split", "../val"], "split name '../val' must match"),
-        (["--attempt-timeout", "0"], "attempt_timeout_s must be a number > 0"),
-        (["--success-threshold", "nan"], "success_threshold must be a finite number"),
-    ],
-)
-def test_eval_command_refuses_these_before_the_engine_starts(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    extra: list[str],
-    message: str,
-) -> None:
-    """The CLI promises bad input is refused before the engine starts (minutes on a GPU); these were refused only
-    inside art.evaluate, after the model was registered and its engine started."""
-    import re
-
-    import art_adapters.backend.local as local
-    from art_adapters.cli import main
-    from test_eval_harness_cli import args, project_dir, scenario_file
-
-    def no_backend(*a: object, **k: object) -> None:
-        raise AssertionError("the backend started before the input was checked")
-
-    monkeypatch.setattr(local, "LocalBackend", no_backend)
-    monkeypatch.delenv("ART_ATTACK38_NO_SUCH_KEY", raising=False)
-    root = project_dir(tmp_path / "art", (0, 3))
-    assert main(args(root, scenario_file(tmp_path, QUESTIONS), *extra)) == 2
-    assert re.search(message, capsys.readouterr().err)
-
-
 async def test_a_decorated_agent_naming_the_model_itself_is_not_silently_evaluated_as_a_reference() -> None:
     """A decorated agent with its own client, naming the model as in training, is redirected to each step, but not
     to a reference endpoint: its requests went to the engine under the model's own name, which LocalBackend's
@@ -431,27 +320,6 @@ async def test_train_ids_given_as_one_string_are_refused() -> None:
         art.Evaluation(rollout, QUESTIONS[:2], train_ids="train.jsonl")
 
 
-async def test_a_resume_file_cut_in_its_header_starts_over_rather_than_failing(tmp_path: Path) -> None:
-    """Killed while the header was written: no attempt was finished, so the file starts over (it was cut to nothing
-    and refused with 'has no header line', so the first rerun always failed)."""
-    resume = tmp_path / "attempts.jsonl"
-    resume.write_text('{"format": 1, "evaluation": {"model": "ag')
-    with ScriptedServer(grader(3)) as server:
-        model = await registered(server)
-        result = await art.evaluate(model, rollout, QUESTIONS[:2], resume=resume, progress=False)
-    assert len(result.attempts) == 4
-    assert len(resume.read_text().splitlines()) == 1 + 4
-
-
-def test_a_scenario_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
-    from art_adapters.evaluation.scenarios import ScenarioError, load_scenarios
-
-    latin = tmp_path / "latin1.jsonl"
-    latin.write_bytes('{"id": "q0", "question": "caf\u00e9"}\n'.encode("latin-1"))
-    with pytest.raises(ScenarioError, match=r"latin1.jsonl.*not UTF-8"):
-        load_scenarios(latin)
-
-
 async def test_a_reference_gets_no_seed_on_the_responses_api_which_has_none() -> None:
     """OpenAI's Responses API has no `seed` (openai's ResponseCreateParams lacks it; the hosted API refuses unknown
     parameters), so adding one to every request of a Responses-API rollout made each attempt against a hosted
@@ -467,33 +335,3 @@ async def test_a_reference_gets_no_seed_on_the_responses_api_which_has_none() ->
         await art.evaluate(model, responses_rollout, [{"id": "a"}], references=[reference], progress=False)
         assert [r.get("seed") is not None for r in server.requests] == [True, True]
         assert [("seed" in r, r["model"]) for r in hosted.requests] == [(False, "gpt-hosted")]
-
-
-def test_eval_command_names_a_rollout_of_the_wrong_type_without_a_traceback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import art_adapters.backend.local as local
-    from art_adapters.cli import main
-    from test_eval_harness_cli import args, project_dir, scenario_file
-
-    agent = tmp_path / "attack38_wrong_type_agent.py"
-    agent.write_text(
-        "from eval_fakes import rollout\n\n"
-        "async def reward_only(model, scenario):\n"
-        "    return (await rollout(model, scenario)).reward\n"
-    )
-    root = project_dir(tmp_path / "art", (0, 3))
-    with ScriptedServer(grader(3)) as server:
-
-        class Backend(StepServingBackend):
-            def __init__(self, path: str) -> None:
-                super().__init__(server.base_url, (0, 3))
-
-            async def close(self) -> None:
-                pass
-
-        monkeypatch.setattr(local, "LocalBackend", Backend)
-        argv = args(root, scenario_file(tmp_path, QUESTIONS[:2]))
-        argv[1] = f"{agent}:reward_only"
-        assert main(argv) == 2
-    assert "returned float, not a Trajectory" in capsys.readouterr().err
