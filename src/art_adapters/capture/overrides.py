@@ -36,12 +36,20 @@ class RequestOverride:
 
     `sampling`: temperature / top_p / max_tokens to set (None values are left as the rollout sent them).
     `seed_parts`: (base seed, scenario id, attempt); call i of the attempt gets `call_seed(*seed_parts, i)`;
-    None: seeds are left alone. `model_names`: requested model name -> the name to send instead."""
+    None: seeds are left alone. `model_names`: requested model name -> the name to send instead. `stranded`:
+    names whose requests cannot reach the target (a reference elsewhere) unless already sent to `target_url`:
+    such a request is refused, with `refused` saying why, rather than answered by the wrong model."""
 
     sampling: Mapping[str, Any] = field(default_factory=dict)
     seed_parts: tuple[Any, ...] | None = None
     model_names: Mapping[str, str] = field(default_factory=dict)
+    stranded: Mapping[str, str] = field(default_factory=dict)  # model name -> why it cannot reach the target
+    target_url: str = ""
+    unseeded: frozenset[str] = frozenset(
+        {"messages"}
+    )  # endpoint kinds that take no seed (Anthropic's Messages API)
     calls: int = 0  # requests rewritten so far
+    refused: str | None = None  # set when a request was refused
 
     def rewrite(self, payload: dict[str, Any], kind: str) -> dict[str, Any]:
         """The payload with the overrides applied; counts the call."""
@@ -60,9 +68,13 @@ class RequestOverride:
             present = [k for k in keys if k in out]
             for k in present or keys[-1:]:
                 out[k] = limit
-        if self.seed_parts is not None and kind != "messages":  # Anthropic's Messages API has no seed
+        if self.seed_parts is not None and kind not in self.unseeded:
             out["seed"] = call_seed(*self.seed_parts, index)
         return out
+
+
+class StrandedRequestError(RuntimeError):
+    """A request the evaluated target cannot receive (it would be answered by another model)."""
 
 
 OVERRIDE: ContextVar[RequestOverride | None] = ContextVar("art_adapters_request_override", default=None)
@@ -91,6 +103,14 @@ def overridden(request: Any, body: bytes, kind: str, override: RequestOverride) 
         return request, body
     if not isinstance(payload, dict):
         return request, body
+    model = payload.get("model")
+    if (
+        isinstance(model, str)
+        and model in override.stranded
+        and not str(request.url).startswith(override.target_url)
+    ):
+        override.refused = override.stranded[model]
+        raise StrandedRequestError(override.refused)
     body = json.dumps(override.rewrite(payload, kind)).encode()
     headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _DROP]
     headers.append(("content-length", str(len(body))))

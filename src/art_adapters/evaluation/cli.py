@@ -232,11 +232,16 @@ def _sinks(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _check_before_start(args: argparse.Namespace, scenarios: list[Any], model: Any) -> None:
     """What can be refused without the engine, refused before it starts (minutes, on a GPU)."""
-    from .harness import Sampling, check_counts
+    from ..untrusted import check_name
+    from .harness import Sampling, check_counts, check_limits
     from .scenarios import with_ids
-    from .targets import check_steps
+    from .targets import check_steps, reference_target
 
     with_ids(scenarios)
+    check_name("split", args.split)
+    check_limits(args.attempt_timeout, args.success_threshold)
+    for reference in _references(args.reference):
+        reference_target(reference)  # its URL, and its key in the environment
     if args.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ValueError("--wandb-project needs the wandb package (pip install wandb)")
     if args.langfuse:
@@ -280,6 +285,11 @@ def eval_command(argv: list[str]) -> int:
         result, page = asyncio.run(run_and_publish(args))
     except (ScenarioError, ResumeError, EvaluationError, ValueError) as error:
         print(f"art-adapters eval: {error}", file=sys.stderr)
+        return 2
+    except TypeError as error:
+        if not getattr(error, "unusable_rollout", False):  # a bug, with its traceback
+            raise
+        print(f"art-adapters eval: {error}", file=sys.stderr)  # the user's rollout returns the wrong type
         return 2
     print(format_result(result))
     if args.output:

@@ -18,13 +18,14 @@ from typing import Any
 
 from ..capture.overrides import RequestOverride, request_override
 from ..model import Model, TrainableModel
-from ..trajectories import Trajectory, TrajectoryGroup
+from ..trajectories import Trajectory, TrajectoryGroup, reward_missing
 from ..untrusted import check_name
-from .results import Attempt, EvalResult
+from .results import Attempt, EvalResult, plain_messages
 from .resume import AttemptKey, AttemptLog
-from .scenarios import load_scenarios, with_ids
+from .scenarios import check_train_ids, load_scenarios, with_ids
 from .summarize import comparison, default_pairs, mark_success, summarize_target
 from .targets import Reference, StepSpec, Target, check_steps, reference_target, step_targets, target_view
+from .threads import in_daemon_thread
 
 Rollout = Callable[[Model, Any], Awaitable[Trajectory] | Trajectory]
 
@@ -47,9 +48,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         t, p, m, s = self.temperature, self.top_p, self.max_tokens, self.seed
-        if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t >= 0):
+        if t is not None and not (_number(t) and math.isfinite(t) and t >= 0):
             raise ValueError(f"sampling temperature must be a number >= 0, not {t!r}")
-        if p is not None and not (isinstance(p, int | float) and 0 < p <= 1):
+        if p is not None and not (_number(p) and 0 < p <= 1):
             raise ValueError(f"sampling top_p must be in (0, 1], not {p!r}")
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"sampling max_tokens must be an int >= 1, not {m!r}")
@@ -124,14 +125,7 @@ async def evaluate(
     items = with_ids(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
     ids = [sid for sid, _ in items]
     ks = check_counts(attempts, pass_k, max_error_fraction, max_concurrent)
-    if attempt_timeout_s is not None and not (
-        isinstance(attempt_timeout_s, int | float)
-        and math.isfinite(attempt_timeout_s)
-        and attempt_timeout_s > 0
-    ):
-        raise ValueError(f"attempt_timeout_s must be a number > 0 or None, not {attempt_timeout_s!r}")
-    if success_threshold is not None and not math.isfinite(success_threshold):
-        raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
+    check_limits(attempt_timeout_s, success_threshold)
     step_specs = check_steps(list(steps))
     if step_specs and getattr(model, "adapters", None) is not None:
         raise ValueError(
@@ -170,22 +164,25 @@ async def evaluate(
         "sampling": asdict(settings),
     }
     log = AttemptLog(resume, fingerprint) if resume is not None else None
-    done = log.open() if log is not None else {}
     total = attempts * len(items) * len(targets)
     run = _Run(model, rollout, targets, settings, sampling is not None, log, max_error_fraction, total)
     run.timeout_s = attempt_timeout_s
-    run.results.update(done)
-    todo = [
-        (target, sid, scenario, a)
-        for sid, scenario in items
-        for a in range(attempts)
-        for target in targets
-        if (target.label, sid, a) not in done
-    ]
     try:
+        # an errored attempt (an endpoint that was down, a timeout) is run again: only finished ones are skipped
+        done = {k: a for k, a in (log.open() if log is not None else {}).items() if a.error is None}
+        run.results.update(done)
+        todo = [
+            (target, sid, scenario, a)
+            for sid, scenario in items
+            for a in range(attempts)
+            for target in targets
+            if (target.label, sid, a) not in done
+        ]
         await run.all(todo, max_concurrent, progress, initial=len(done))
     finally:
         await run.close()
+        if log is not None:
+            log.close()
 
     finished = [run.results[(t.label, sid, a)] for t in targets for sid in ids for a in range(attempts)]
     known = mark_success(finished, success_threshold)
@@ -229,18 +226,31 @@ def check_counts(
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= attempts:
             raise ValueError(f"pass@k needs 1 <= k <= attempts ({attempts}); got k={k!r}")
-    if not (isinstance(max_error_fraction, int | float) and 0 <= max_error_fraction <= 1):
+    if not (_number(max_error_fraction) and 0 <= max_error_fraction <= 1):
         raise ValueError(f"max_error_fraction must be in [0, 1], not {max_error_fraction!r}")
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
         raise ValueError(f"max_concurrent must be an int >= 1, not {max_concurrent!r}")
     return sorted(set(ks))
 
 
+def check_limits(attempt_timeout_s: float | None, success_threshold: float | None) -> None:
+    """The attempt timeout (a number > 0, or None) and the success threshold (finite, or None), checked."""
+    if attempt_timeout_s is not None and not (
+        _number(attempt_timeout_s) and math.isfinite(attempt_timeout_s) and attempt_timeout_s > 0
+    ):
+        raise ValueError(f"attempt_timeout_s must be a number > 0 or None, not {attempt_timeout_s!r}")
+    if success_threshold is not None and not (
+        _number(success_threshold) and math.isfinite(success_threshold)
+    ):
+        raise ValueError(f"success_threshold must be a finite number, not {success_threshold!r}")
+
+
 def _not_held_out(ids: list[str], train_ids: Iterable[Any] | None) -> list[str]:
     """The evaluated ids that were trained on (warned about once)."""
-    if train_ids is None:
+    checked = check_train_ids(train_ids)
+    if checked is None:
         return []
-    trained = {str(i) for i in train_ids}
+    trained = set(checked)
     overlap = [sid for sid in ids if sid in trained]
     if overlap:
         shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")
@@ -253,8 +263,17 @@ def _not_held_out(ids: list[str], train_ids: Iterable[Any] | None) -> list[str]:
     return overlap
 
 
+def _number(value: Any) -> bool:
+    """An int or float, not a bool (True is not a temperature)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    try:
+        text = str(error)
+    except Exception:  # an exception whose __str__ raises is still counted, not fatal
+        text = "(its message could not be printed)"
+    return f"{type(error).__name__}: {text}"
 
 
 class _Run:
@@ -278,6 +297,7 @@ class _Run:
             if model.inference_model_name or model.trainable
             else set()
         )
+        self.own = own
         self.names = {
             t.label: ({n: t.model_name for n in own} if t.step is not None else {}) for t in targets
         }
@@ -338,6 +358,15 @@ class _Run:
     async def attempt(self, target: Target, sid: str, scenario: Any, index: int) -> Attempt:
         seed = None if self.sampling.seed is None else (self.sampling.seed, sid, index)
         override = RequestOverride(self.sampling.overrides(), seed, self.names[target.label])
+        if target.step is None:  # the model's own names reach its engine, not this reference
+            why = (
+                f"the rollout's request names the model itself ({{}}) on its own client, so it cannot be sent to "
+                f"reference {target.label!r} (it would be answered by the trained model): use model.openai_client() "
+                "and model.get_inference_name() to evaluate a reference"
+            )
+            override.stranded = {name: why.format(name) for name in self.own}
+            override.target_url = target.base_url
+            override.unseeded = frozenset({"messages", "responses"})  # OpenAI's Responses API has no seed
         start = time.monotonic()
         error: BaseException | None = None
         trajectory: Trajectory | None = None
@@ -355,11 +384,17 @@ class _Run:
                 error = wrong
             except Exception as failed:
                 error = failed
+        if override.refused is not None:  # the client may have wrapped it (openai: "Connection error.")
+            error = RuntimeError(override.refused)
         if error is None and override.calls == 0:
             error = self._bypassed()
         reward = None if trajectory is None else trajectory.reward
-        if error is None and (reward is None or not math.isfinite(reward)):
-            error = ValueError(f"the rollout's reward is {reward}, not a finite number")
+        if error is None and not (isinstance(reward, int | float) and math.isfinite(reward)):  # a bool is 0/1
+            error = ValueError(f"the rollout's reward is {reward!r}, not a finite number")
+        if error is None and reward_missing(trajectory):  # type: ignore[arg-type]
+            error = ValueError(
+                "the rollout's trajectory has no reward (flagged reward_missing; 0.0 is a placeholder)"
+            )
         if error is not None and self.first_error is None:
             self.first_error = error
         return Attempt(
@@ -369,7 +404,7 @@ class _Run:
             reward=None if error is not None else float(reward),  # type: ignore[arg-type]
             success=None,
             error=None if error is None else _describe(error),
-            messages=_messages(trajectory) if trajectory is not None else [],
+            messages=plain_messages(trajectory) if trajectory is not None else [],
             seconds=time.monotonic() - start,
         )
 
@@ -389,7 +424,7 @@ class _Run:
         if inspect.iscoroutinefunction(self.rollout):
             result = await self.rollout(view, scenario)  # type: ignore[misc]
         else:
-            result = await asyncio.to_thread(self.rollout, view, scenario)
+            result = await in_daemon_thread(self.rollout, view, scenario)
             if inspect.isawaitable(result):
                 result = await result
         if isinstance(result, TrajectoryGroup) and len(result.trajectories) == 1 and not result.exceptions:
@@ -413,16 +448,3 @@ class _Run:
             client = view.__pydantic_private__.get("_client") if view.__pydantic_private__ else None
             if client is not None:
                 await client.close()
-
-
-def _messages(trajectory: Trajectory) -> list[dict[str, Any]]:
-    """The trajectory's messages as plain JSON-able dicts (choices as their messages)."""
-    out: list[dict[str, Any]] = []
-    for item in trajectory.messages_and_choices:
-        if isinstance(item, dict):
-            out.append(json.loads(json.dumps(item, default=str)))
-            continue
-        message = getattr(item, "message", None)
-        dump = getattr(message if message is not None else item, "model_dump", None)
-        out.append(dump(mode="json", exclude_none=True) if dump else {"content": str(item)})
-    return out

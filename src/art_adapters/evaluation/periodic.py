@@ -17,7 +17,7 @@ from ..model import TrainableModel
 from .harness import Rollout, Sampling, check_counts, evaluate, write_result
 from .publish import Publisher, check_sinks, model_folder
 from .results import Attempt, EvalResult, TargetSummary
-from .scenarios import load_scenarios, with_ids
+from .scenarios import check_train_ids, known_ids, load_scenarios, with_ids
 from .sinks import REPORT_PAGE
 from .summarize import comparison
 from .targets import Reference, step_label
@@ -62,12 +62,25 @@ class Evaluation:
         self.scenarios = list(self.scenarios)
         with_ids(self.scenarios)
         check_counts(self.attempts, None, self.max_error_fraction, 1)
-        self.sampling = Sampling.of(self.sampling)
+        if self.sampling is not None:  # None stays None: no settings asked for (as in art.evaluate)
+            self.sampling = Sampling.of(self.sampling)
         if self.baseline is not None and (isinstance(self.baseline, bool) or self.baseline < 0):
             raise ValueError(f"baseline must be a step >= 0 or None, not {self.baseline!r}")
-        if self.train_ids is not None:
-            self.train_ids = list(self.train_ids)
+        self.train_ids = check_train_ids(self.train_ids)
         check_sinks(self.wandb, self.langfuse)
+
+    def trains_on(self, scenarios: Any) -> None:
+        """The run's training scenarios: when they are a list (known before training) and `train_ids` was not given,
+        the ids of those that have one become `train_ids`, so evaluating any of them warns and marks the result not
+        held out. A stream (a generator, an async source) is not read ahead."""
+        if (
+            self.train_ids is None
+            and isinstance(scenarios, Sequence)
+            and not isinstance(scenarios, str | bytes)
+        ):
+            ids = known_ids(scenarios)
+            if ids:
+                self.train_ids = ids
 
     async def __call__(self, model: TrainableModel, step: int, *_: Any) -> None:
         """Evaluate `step` (extra arguments, as ART's eval_fn gets its config, are ignored) and log its metrics."""

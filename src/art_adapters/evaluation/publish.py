@@ -24,11 +24,16 @@ def model_folder(model: Any) -> Path | None:
 
 def report_page_path(model: Any, beside: str | Path | None) -> Path | None:
     """Where the report page goes: `evaluation.html` in the model's folder (the training report links it); without
-    a folder, `beside` (the JSON output) with the suffix .html; None when neither is known (no page)."""
+    a folder, `beside` (the JSON output) with the suffix .html (`-page.html` when the output is itself named .html,
+    which the page must not replace); None when neither is known (no page)."""
     folder = model_folder(model)
     if folder is not None:
         return folder / REPORT_PAGE
-    return None if beside is None else Path(beside).with_suffix(".html")
+    if beside is None:
+        return None
+    beside = Path(beside)
+    page = beside.with_suffix(".html")
+    return page if page != beside else beside.with_name(f"{beside.stem}-page.html")
 
 
 def check_sinks(wandb: Any, langfuse: Any) -> None:

@@ -3,6 +3,7 @@ comparisons between targets; JSON in and out, so a result file can be reported, 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,13 +67,23 @@ class Comparison:
     b: str
     diff: Interval
     changes: Changes
+    unpaired: list[str] = field(
+        default_factory=list
+    )  # scenarios one of them finished no attempt of: not in diff
 
     def to_dict(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "diff": self.diff.to_dict(), "changes": self.changes.to_dict()}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "diff": self.diff.to_dict(),
+            "changes": self.changes.to_dict(),
+            "unpaired": list(self.unpaired),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Comparison:
-        return cls(data["a"], data["b"], Interval.from_dict(data["diff"]), Changes.from_dict(data["changes"]))
+        diff, changes = Interval.from_dict(data["diff"]), Changes.from_dict(data["changes"])
+        return cls(data["a"], data["b"], diff, changes, list(data.get("unpaired", [])))
 
 
 @dataclass
@@ -125,3 +136,16 @@ class EvalResult:
             if summary.target == label:
                 return summary
         raise KeyError(f"no target {label!r} in this evaluation (have: {[t.target for t in self.targets]})")
+
+
+def plain_messages(trajectory: Any) -> list[dict[str, Any]]:
+    """The trajectory's messages as plain JSON-able dicts (choices as their messages)."""
+    out: list[dict[str, Any]] = []
+    for item in trajectory.messages_and_choices:
+        if isinstance(item, dict):
+            out.append(json.loads(json.dumps(item, default=str)))
+            continue
+        message = getattr(item, "message", None)
+        dump = getattr(message if message is not None else item, "model_dump", None)
+        out.append(dump(mode="json", exclude_none=True) if dump else {"content": str(item)})
+    return out

@@ -49,13 +49,39 @@ def with_ids(scenarios: Iterable[Any]) -> list[tuple[str, Any]]:
     return out
 
 
+def known_ids(scenarios: Iterable[Any]) -> list[str]:
+    """The ids of those scenarios that have a usable one (others are skipped: training needs none)."""
+    out = []
+    for index, scenario in enumerate(scenarios):
+        try:
+            out.append(scenario_id(scenario, index))
+        except ScenarioError:
+            continue
+    return out
+
+
+def check_train_ids(train_ids: Iterable[Any] | None) -> list[str] | None:
+    """The training scenarios' ids as text; one string (a path, a single id) is refused, not read letter by letter."""
+    if train_ids is None:
+        return None
+    if isinstance(train_ids, str | bytes | Path):
+        raise ScenarioError(
+            f"train_ids must be ids (a list, a set), not one string {str(train_ids)!r}: for a file, pass "
+            "[id for id, _ in with_ids(load_scenarios(path))]"
+        )
+    return [str(i) for i in train_ids]
+
+
 def load_scenarios(path: str | Path) -> list[Any]:
     """The scenarios in a `.jsonl` file (one JSON object a line; blank lines skipped) or a `.json` file (a list,
     or an object whose "scenarios" is one)."""
     path = Path(path)
     if not path.is_file():
         raise ScenarioError(f"scenario file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ScenarioError(f"scenario file {str(path)!r} is not UTF-8 ({error})") from None
     if path.suffix == ".jsonl":
         items = []
         for number, line in enumerate(text.splitlines(), 1):

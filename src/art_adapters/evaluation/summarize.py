@@ -6,7 +6,8 @@ numbers come from stats.py; this module decides what they are computed over).
 - Success: `reward >= success_threshold`, or, without a threshold, a reward that is always 0 or 1 is a boolean
   success. Unknown otherwise (success_rate None, no pass@k).
 - pass@k: per scenario over all its attempts (an errored attempt counts as a failure), averaged over scenarios.
-- A comparison pairs the scenarios both targets finished: diff = b - a per scenario, paired bootstrap interval."""
+- A comparison pairs the scenarios both targets finished: diff = b - a per scenario, paired bootstrap interval;
+  the scenarios one target finished no attempt of are named in its `unpaired`."""
 
 from __future__ import annotations
 
@@ -92,11 +93,12 @@ def comparison(attempts: list[Attempt], a: str, b: str, scenario_ids: list[str])
     """b against a, paired over the scenarios both finished."""
     before, after = scenario_means(attempts, a), scenario_means(attempts, b)
     both = [sid for sid in scenario_ids if sid in before and sid in after]
+    unpaired = [sid for sid in scenario_ids if sid not in both]  # named, never silently left out of the gain
     if not both:
-        return Comparison(a, b, NO_VALUE, Changes())
+        return Comparison(a, b, NO_VALUE, Changes(), unpaired)
     diff = paired_diff_ci([before[s] for s in both], [after[s] for s in both])
     changes = compare({s: before[s] for s in both}, {s: after[s] for s in both})
-    return Comparison(a, b, diff, changes)
+    return Comparison(a, b, diff, changes, unpaired)
 
 
 def default_pairs(step_labels: list[str], reference_labels: list[str]) -> list[tuple[str, str]]:

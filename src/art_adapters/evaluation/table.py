@@ -97,4 +97,11 @@ def format_table(result: EvalResult) -> str:
         ]
         lines.append("")
         lines += _render(header, rows, right={2, 3, 4})
+        for c in result.comparisons:
+            if c.unpaired:
+                shown = ", ".join(c.unpaired[:10]) + (", ..." if len(c.unpaired) > 10 else "")
+                lines.append(
+                    f"{c.b} vs {c.a}: {len(c.unpaired)} scenario(s) not compared (every attempt of one side "
+                    f"errored): {shown}"
+                )
     return "\n".join(lines)

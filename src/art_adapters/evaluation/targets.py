@@ -11,6 +11,7 @@ serves only its newest."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,6 +20,7 @@ from pydantic import PrivateAttr
 from ..model import Model, TrainableModel
 
 StepSpec = int | str  # a step number, or "latest"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,15 @@ class Reference:
     base_url: str
     api_key_env: str | None = "OPENAI_API_KEY"
     label: str | None = None
+
+    def __post_init__(self) -> None:
+        env = self.api_key_env
+        if env is not None and not (isinstance(env, str) and _ENV_NAME.fullmatch(env)):
+            # not echoed: what stands here is often the key itself, which must not reach logs
+            raise ValueError(
+                f"reference {self.name!r}: api_key_env must be the NAME of the environment variable holding its key "
+                "(letters, digits, _), not the key itself: a key never goes on a command line or into code"
+            )
 
     @property
     def name(self) -> str:

@@ -46,7 +46,8 @@ async def train_async(
     """Train `model` with rollouts that never wait for training (see the module docstring); `on_step(report,
     batch)` runs after each step; `eval_fn(model, step)` evaluates `model.get_inference_name(step=step)`.
     `eval=art.Evaluation(rollout, scenarios, ...)`: the evaluation harness at the steps `pipeline` schedules
-    (`eval_every_n_steps`, `eval_at_start`), each logged with its interval and its gain over step 0."""
+    (`eval_every_n_steps`, `eval_at_start`), each logged with its interval and its gain over step 0; when
+    `scenarios` is a list, its ids are the evaluation's `train_ids` (unless given)."""
     if eval is not None:
         if eval_fn is not None:
             raise ValueError("give train_async eval= or eval_fn=, not both")
@@ -56,6 +57,11 @@ async def train_async(
                 "train_async(eval=...) would never evaluate: set PipelineConfig(eval_every_n_steps=N) "
                 "and/or eval_at_start=True"
             )
+        trains_on = getattr(
+            eval, "trains_on", None
+        )  # an art.Evaluation: its training scenarios are not held out
+        if callable(trains_on):
+            trains_on(scenarios)
         eval_fn = eval
     return await Pipeline(
         model,

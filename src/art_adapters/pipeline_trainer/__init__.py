@@ -156,6 +156,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         async def rollout(model: TrainableModel, scenario: Any) -> TrajectoryGroup:
             return await self.rollout_fn(model, scenario, self.config)
 
+        trains_on = getattr(self.eval_fn, "trains_on", None)  # an art.Evaluation: its training ids are known
+        if callable(trains_on):
+            trains_on(self.scenarios)
+
         async def evaluate(model: TrainableModel, step: int) -> Any:
             assert self.eval_fn is not None
             return await self.eval_fn(model, step, self.config)
