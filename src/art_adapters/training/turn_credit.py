@@ -131,6 +131,7 @@ def group_credit(
     trajectories: Sequence[Trajectory], config: TrainConfig, group_index: int = 0
 ) -> GroupCredit | None:
     """The group's per-call advantages under `config.advantage`; None for "trajectory" (GRPO, loss.py)."""
+    config.check_credit_settings()  # again: a setting assigned after construction was never validated
     if config.advantage == "trajectory":
         return None
     for i, trajectory in enumerate(
