@@ -98,3 +98,18 @@ def test_credit_settings_changed_after_construction_are_checked_when_used() -> N
     # valid settings still pass
     assert group_credit(_group(), TrainConfig()) is None
     assert group_credit(_group(), TrainConfig(advantage="turn", gamma=0.5)) is not None
+
+
+def test_numpy_scalars_are_call_rewards_as_they_are_trajectory_rewards() -> None:
+    """A judge's numpy score (np.float32, np.int64) is a trajectory reward; as a call reward it was refused as
+    'not a finite number'. NaN ones, and numpy booleans, are still refused."""
+    np = pytest.importorskip("numpy")
+    assert Trajectory(reward=np.float32(0.5)).reward == 0.5
+    call = _call(0)
+    for value, expected in ((np.float32(0.5), 0.5), (np.int64(2), 2.0), (np.float64(-1.25), -1.25)):
+        call.reward = value
+        assert call.reward == expected and type(call.reward) is float
+    for bad in (np.float32("nan"), np.float64("inf"), np.bool_(True)):
+        with pytest.raises(ValueError, match="finite"):
+            call.reward = bad
+    assert call.reward == -1.25
