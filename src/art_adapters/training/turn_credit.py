@@ -114,11 +114,6 @@ class GroupCredit:
     calls: list[list[float]]
     no_calls: list[bool] = field(default_factory=list)
 
-    @property
-    def trains(self) -> bool:
-        """Whether any call has a non-zero advantage (else the group teaches nothing)."""
-        return any(any(row) for row in self.calls)
-
     def of(self, trajectory_index: int) -> dict[int, float]:
         return dict(enumerate(self.calls[trajectory_index]))
 
