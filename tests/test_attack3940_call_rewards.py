@@ -113,3 +113,22 @@ def test_numpy_scalars_are_call_rewards_as_they_are_trajectory_rewards() -> None
         with pytest.raises(ValueError, match="finite"):
             call.reward = bad
     assert call.reward == -1.25
+
+
+def test_a_call_reward_a_stored_trajectory_already_carries_is_set_once(tmp_path: Path) -> None:
+    """A whole trajectory stored at once (the OTLP endpoint, an import) may carry its calls' rewards; the call
+    reward route then answers as for a reward it set itself: the same one "unchanged", another one a conflict
+    (it silently replaced the imported reward)."""
+    store = open_store(tmp_path / "t.db")
+    try:
+        calls = [_call(0), _call(1)]
+        calls[0].reward = 0.5
+        store.add(Trajectory(llm_calls=calls), "whole")
+        assert store.set_call_reward("whole", 0, 0.5) == "unchanged"
+        with pytest.raises(RewardConflict, match="already has reward 0.5"):
+            store.set_call_reward("whole", 0, 1.0)
+        assert store.set_call_reward("whole", 1, 2.0) == "set"
+        whole = store.get("whole")
+        assert whole is not None and [c.reward for c in whole.llm_calls] == [0.5, 2.0]
+    finally:
+        store.close()

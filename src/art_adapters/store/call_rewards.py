@@ -27,7 +27,8 @@ class CallRewards:
         metadata: Mapping[str, Any] | None = None,
     ) -> str:
         """Join the reward of the trajectory's call `index` (0-based, in recorded order): "set", or "unchanged" when
-        the same one (and metrics) was already set; a different one raises RewardConflict, an unknown trajectory
+        the same one (and metrics) was already set, or a stored whole trajectory's call already carries it; a
+        different one raises RewardConflict, an unknown trajectory
         KeyError, a call it does not have IndexError, a reward that is not finite ValueError. The trajectory
         stays open (its own reward decides when it trains) until it is claimed for training: a new call reward
         for a claimed or trained trajectory raises RewardConflict (it would miss the step that holds it; one
@@ -49,8 +50,11 @@ class CallRewards:
             if row is None:
                 raise KeyError(trajectory_id)
             closed = "already trained" if row[2] is not None else "claimed for training" if row[1] else ""
+            carried = None  # the reward a stored whole trajectory's call already has (an import's)
             if row[0]:
-                calls = len(load_json(Trajectory, row[0]).llm_calls)
+                stored = load_json(Trajectory, row[0]).llm_calls
+                calls = len(stored)
+                carried = stored[index].reward if index < calls else None
             else:
                 cursor.execute(
                     self._sql("SELECT COUNT(*) FROM art_calls WHERE trajectory_id = ?"), (trajectory_id,)
@@ -69,6 +73,10 @@ class CallRewards:
             existing = cursor.fetchone()
             if existing is not None:
                 return "", existing
+            if carried is not None and carried != reward:  # set once, as if set here: another one conflicts
+                return "", (carried, None)
+            if closed and carried is not None:  # the same reward it carried: nothing to change
+                return "unchanged", None
             if closed:  # the step that holds (or held) it read its call rewards already
                 raise RewardConflict(
                     f"trajectory {trajectory_id!r} was {closed}: a reward for its call {index} would not train"
@@ -84,7 +92,7 @@ class CallRewards:
             cursor.execute(
                 self._sql("UPDATE art_trajectories SET updated_at = ? WHERE id = ?"), (now, trajectory_id)
             )
-            return "set", None
+            return "unchanged" if carried is not None else "set", None
 
         outcome, row = self._transact(work)
         if outcome:
