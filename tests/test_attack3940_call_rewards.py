@@ -132,3 +132,21 @@ def test_a_call_reward_a_stored_trajectory_already_carries_is_set_once(tmp_path:
         assert whole is not None and [c.reward for c in whole.llm_calls] == [0.5, 2.0]
     finally:
         store.close()
+
+
+def test_a_call_index_counts_calls_in_the_trajectory_s_order_by_start(tmp_path: Path) -> None:
+    """Two calls of one trajectory in flight at once are recorded as they finish; `/calls/{n}` names the n-th of
+    `trajectory.llm_calls` (by start time), which is what the store gives the reward to (the docs said "in the
+    order its calls were recorded", the finishing order)."""
+    store = open_store(tmp_path / "t.db")
+    try:
+        late, early = _call(1), _call(0)
+        late.started_at, early.started_at = 200.0, 100.0
+        store.add_call("run", late)  # finished first: recorded first
+        store.add_call("run", early)
+        store.set_call_reward("run", 0, 1.0)
+        trajectory = store.get("run")
+        assert trajectory is not None
+        assert trajectory.llm_calls[0].started_at == 100.0 and trajectory.llm_calls[0].reward == 1.0
+    finally:
+        store.close()

@@ -26,7 +26,7 @@ class CallRewards:
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> str:
-        """Join the reward of the trajectory's call `index` (0-based, in recorded order): "set", or "unchanged" when
+        """Join the reward of the trajectory's call `index` (0-based, in `llm_calls` order: by start): "set", or "unchanged" when
         the same one (and metrics) was already set, or a stored whole trajectory's call already carries it; a
         different one raises RewardConflict, an unknown trajectory
         KeyError, a call it does not have IndexError, a reward that is not finite ValueError. The trajectory
