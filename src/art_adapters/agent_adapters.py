@@ -22,6 +22,8 @@ RouteBy = Literal["agent", "node", "role"]
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9_-]{1,48}")
 SHARED = ""  # the key of the shared (default) adapter in the trainer and the metrics
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_HASHED = re.compile(r".*-[0-9a-f]{8}")  # how a sanitized name ends: a key ending so is hashed too
+RESERVED = frozenset({"shared"})  # the shared adapter's name in the metrics (`agent/shared/...`)
 
 
 class UnsupportedPerAgentSetting(ValueError):
@@ -30,13 +32,15 @@ class UnsupportedPerAgentSetting(ValueError):
 
 
 def adapter_name(key: str) -> str:
-    """The adapter name of an agent key: the key itself when it is 1-48 of [A-Za-z0-9_-]; otherwise a stable
-    sanitized name: runs of other characters become "_", cut to 32, then "-" and 8 hex of the key's blake2b
-    ("Research Agent" -> "Research_Agent-<hash>"), so two keys never share a name and a run resumes to the same
-    names. Never "." (a PEFT adapter and a served name both forbid it there)."""
+    """The adapter name of an agent key: the key itself when it is 1-48 of [A-Za-z0-9_-], is not "shared" and does
+    not end like a sanitized name ("-" and 8 lowercase hex); otherwise a stable sanitized name: runs of other
+    characters become "_", cut to 32, then "-" and 8 hex of the key's blake2b ("Research Agent" ->
+    "Research_Agent-<hash>"). A key kept as it is never ends like a sanitized name, so two keys never share a name
+    (unless their hashes collide), and a run resumes to the same names. Never "." (a PEFT adapter and a served
+    name both forbid it there)."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"an agent key is a non-empty string, not {key!r}")
-    if ADAPTER_NAME.fullmatch(key):
+    if ADAPTER_NAME.fullmatch(key) and key not in RESERVED and not _HASHED.fullmatch(key):
         return key
     stem = _UNSAFE.sub("_", key).strip("_")[:32] or "agent"
     return f"{stem}-{hashlib.blake2b(key.encode(), digest_size=4).hexdigest()}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import time
 from typing import Any, Literal
 
@@ -170,10 +171,11 @@ class LLMCall(BaseModel):
 
 
 def check_call_reward(value: object) -> float | None:
-    """A call's reward as a float: a finite number, or None (no reward); anything else is a ValueError."""
+    """A call's reward as a float: a finite number (a real number: numpy's scalars too, as a trajectory's reward
+    takes them; not a bool), or None (no reward); anything else is a ValueError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"a call's reward is a finite number or None, not {value!r}")
     try:
         number = float(value)

@@ -154,6 +154,18 @@ class TrainConfig(BaseModel):
     def _credit_settings_used(self) -> TrainConfig:
         """gamma, gigpo_weight and state_key change only the estimators that use them: set to anything but their
         defaults for another, they are refused (a setting that would silently do nothing)."""
+        self.check_credit_settings()
+        return self
+
+    def check_credit_settings(self) -> None:
+        """The estimator settings' checks, again where they are used (`turn_credit.group_credit`): assignment and
+        `model_copy(update=...)` skip validation, so `config.gamma = 0.5` under "trajectory" would do nothing."""
+        if self.advantage not in ("trajectory", "turn", "gigpo"):
+            raise ValueError(f"advantage is 'trajectory', 'turn' or 'gigpo', not {self.advantage!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma is in [0, 1], not {self.gamma!r}")
+        if not self.gigpo_weight >= 0.0:
+            raise ValueError(f"gigpo_weight is >= 0, not {self.gigpo_weight!r}")
         fields = type(self).model_fields
         unused = {
             "trajectory": ["gamma", "gigpo_weight", "state_key"],
@@ -166,7 +178,6 @@ class TrainConfig(BaseModel):
                 f"{', '.join(named)} {'has' if len(named) == 1 else 'have'} no effect with "
                 f"advantage={self.advantage!r} (gamma: 'turn' and 'gigpo'; gigpo_weight and state_key: 'gigpo')"
             )
-        return self
 
     @model_validator(mode="before")
     @classmethod

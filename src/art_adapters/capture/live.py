@@ -212,9 +212,9 @@ class LiveRecorder:
 
     async def call_reward_endpoint(self, request: Any) -> Any:
         """`POST /rewards/{trajectory_id}/calls/{n}`: the same body, key, bounds and answers for the trajectory's
-        n-th recorded call (0-based, in the order its calls were recorded): that call's own reward (a turn's,
-        docs/training.md 'Credit per turn'); 404 also when the trajectory has no call n. It does not close the
-        trajectory: its trajectory reward still decides when it trains."""
+        n-th call (0-based, in `llm_calls` order: by start time, not by when each was recorded): that call's own
+        reward (a turn's, docs/training.md 'Credit per turn'); 404 also when the trajectory has no call n. It does
+        not close the trajectory: its trajectory reward still decides when it trains (409 once it is claimed)."""
         return await self._join_reward(request, request.path_params.get("n"))
 
     async def _join_reward(self, request: Any, call: str | None) -> Any:

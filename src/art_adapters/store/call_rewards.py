@@ -26,11 +26,14 @@ class CallRewards:
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> str:
-        """Join the reward of the trajectory's call `index` (0-based, in recorded order): "set", or "unchanged" when
-        the same one (and metrics) was already set; a different one raises RewardConflict, an unknown trajectory
+        """Join the reward of the trajectory's call `index` (0-based, in `llm_calls` order: by start): "set", or "unchanged" when
+        the same one (and metrics) was already set, or a stored whole trajectory's call already carries it; a
+        different one raises RewardConflict, an unknown trajectory
         KeyError, a call it does not have IndexError, a reward that is not finite ValueError. The trajectory
-        stays open (its own reward decides when it trains); `get` and `claim` give the call its reward, its
-        metrics as `metrics["call{index}/{name}"]`, its metadata as `metadata["call{index}/{name}"]`."""
+        stays open (its own reward decides when it trains) until it is claimed for training: a new call reward
+        for a claimed or trained trajectory raises RewardConflict (it would miss the step that holds it; one
+        released unclaimed takes it again). `get` and `claim` give the call its reward, its metrics as
+        `metrics["call{index}/{name}"]`, its metadata as `metadata["call{index}/{name}"]`."""
         check_id(trajectory_id)
         reward = finite(reward, "a reward")
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -39,12 +42,19 @@ class CallRewards:
         meta = json.dumps(dict(metadata or {}))
 
         def work(cursor: Any) -> tuple[str, Any]:
-            cursor.execute(self._sql("SELECT body FROM art_trajectories WHERE id = ?"), (trajectory_id,))
+            cursor.execute(
+                self._sql("SELECT body, claimed_at, trained_at FROM art_trajectories WHERE id = ?"),
+                (trajectory_id,),
+            )
             row = cursor.fetchone()
             if row is None:
                 raise KeyError(trajectory_id)
+            closed = "already trained" if row[2] is not None else "claimed for training" if row[1] else ""
+            carried = None  # the reward a stored whole trajectory's call already has (an import's)
             if row[0]:
-                calls = len(load_json(Trajectory, row[0]).llm_calls)
+                stored = load_json(Trajectory, row[0]).llm_calls
+                calls = len(stored)
+                carried = stored[index].reward if index < calls else None
             else:
                 cursor.execute(
                     self._sql("SELECT COUNT(*) FROM art_calls WHERE trajectory_id = ?"), (trajectory_id,)
@@ -63,6 +73,14 @@ class CallRewards:
             existing = cursor.fetchone()
             if existing is not None:
                 return "", existing
+            if carried is not None and carried != reward:  # set once, as if set here: another one conflicts
+                return "", (carried, None)
+            if closed and carried is not None:  # the same reward it carried: nothing to change
+                return "unchanged", None
+            if closed:  # the step that holds (or held) it read its call rewards already
+                raise RewardConflict(
+                    f"trajectory {trajectory_id!r} was {closed}: a reward for its call {index} would not train"
+                )
             now = time.time()
             cursor.execute(
                 self._sql(
@@ -74,7 +92,7 @@ class CallRewards:
             cursor.execute(
                 self._sql("UPDATE art_trajectories SET updated_at = ? WHERE id = ?"), (now, trajectory_id)
             )
-            return "set", None
+            return "unchanged" if carried is not None else "set", None
 
         outcome, row = self._transact(work)
         if outcome:

@@ -286,7 +286,8 @@ class PerAgentTrainer(Trainer):
         listed = set(self.per_agent.listed()) if self.per_agent.agents is not None else None
         loading_ = on_disk if listed is None else on_disk & listed
         dropped, fresh = sorted(on_disk - loading_), sorted((listed or set()) - on_disk)
-        if dropped or (fresh and on_disk):
+        # fresh with none on disk: a single-adapter run's checkpoint (its trained weights stay on the shared one)
+        if dropped or fresh:
             log.warning(
                 "checkpoint %s holds agents %s; this run's PerAgent(agents=...) lists %s: %s%s",
                 directory,

@@ -7,7 +7,7 @@ import copy
 import logging
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..config import SFTConfig, TrainConfig
@@ -108,21 +108,21 @@ def prepare_groups(
             if group_too_long < len(trajectories):  # not only over-long ones: some had nothing sampled
                 metrics["groups_without_samples"] += 1
             continue
-        if (
-            (not credit.trains)
-            if credit is not None
-            else (advantages is None and not any(any(values) for values in by_role.values()))
-        ):
+        if credit is None and advantages is None and not any(any(values) for values in by_role.values()):
             metrics["skipped_groups"] += 1
             continue
         for i, seqs in tokenized:
-            fractions.append(trajectories[i].metrics["sampled_token_fraction"])
-            captured.append(trajectories[i].metrics["captured_token_fraction"])
             for sequence in seqs:
                 sequence.advantage = advantages[i] if advantages is not None else 0.0
                 sequence.role_advantages = {role: values[i] for role, values in by_role.items()}
                 sequence.call_advantages = credit.of(i) if credit is not None else {}
-                sequences.append(sequence)
+        if credit is not None and not _any_trained_advantage(s for _, seqs in tokenized for s in seqs):
+            metrics["skipped_groups"] += 1  # the calls this step trains (train_on, an agent's) carry none
+            continue
+        for i, seqs in tokenized:
+            fractions.append(trajectories[i].metrics["sampled_token_fraction"])
+            captured.append(trajectories[i].metrics["captured_token_fraction"])
+            sequences.extend(seqs)
     # Over the trajectories the step trains: a step that trains nothing certifies nothing (0.0, not 1.0).
     metrics["sampled_token_fraction"] = min(fractions, default=0.0)
     metrics["captured_token_fraction"] = min(captured, default=0.0)
@@ -159,6 +159,14 @@ def prepare_groups(
             f" (max_seq_len={max_seq_len}: {', '.join(too_long)})" if too_long else "",
         )
     return sequences, metrics
+
+
+def _any_trained_advantage(sequences: Iterable[TrainSequence]) -> bool:
+    """Whether a token these sequences train has a non-zero advantage (turn-level credit gives each call its own:
+    a group whose trained calls all have 0 teaches nothing, whatever the calls left as context have)."""
+    return any(
+        s.advantage_at(p) != 0.0 for s in sequences for p, trained in enumerate(s.trained_mask) if trained
+    )
 
 
 def _without_missing_rewards(groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], int]:

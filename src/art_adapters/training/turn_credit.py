@@ -5,10 +5,10 @@ A turn is one entry of `trajectory.llm_calls`. Its reward r_t is `call.reward` (
 reward R is added at its final call, so the rewards a trajectory of T calls earns are r_0, ..., r_{T-2},
 r_{T-1} + R, and its return-to-go from turn t is G_t = sum_{k >= t} gamma^(k-t) r'_k.
 
-  "turn":  A_{i,t} = (G_{i,t} - b_t) / s.   b_t = mean over the group's trajectories j of G_{j, min(t, T_j - 1)}
-           (a trajectory that already stopped keeps its last return-to-go); s = the std of the returns from the
-           first turn G_{j,0} (GRPO's std when rewards come only at the end), the RMS of the centred returns
-           when those are all equal; no s without `scale_rewards`. b_t holds one term per trajectory, whatever
+  "turn":  A_{i,t} = (G_{i,t} - b_t) / s_t.   b_t = mean over the group's trajectories j of G_{j, min(t, T_j - 1)}
+           (a trajectory that already stopped keeps its last return-to-go); s_t = the std of those same values
+           (GRPO's std when rewards come only at the end; 0 advantage at a turn where they are all equal, so
+           |A| <= sqrt(n - 1) as in GRPO); no s_t without `scale_rewards`. b_t holds one term per trajectory, whatever
            the trajectory's own length, so it is no function of whether this trajectory stops or goes on: the
            estimator has no length bias (unlike normalising per turn index and summing, verl RFC #7244; see
            docs/training.md). gamma=1 with rewards only at the end gives GRPO's advantages exactly.
@@ -63,18 +63,17 @@ def turn_advantages(
     if len(present) < 2:
         return None
     longest = max(len(g) for g in present)
-    baselines = [sum(g[min(t, len(g) - 1)] for g in present) / len(present) for t in range(longest)]
+    reached = [[g[min(t, len(g) - 1)] for g in present] for t in range(longest)]  # what b_t averages
+    baselines = [sum(values) / len(values) for values in reached]
     centred = [[g[t] - baselines[t] for t in range(len(g))] for g in returns]
     if not scale_rewards:
         return centred if any(any(c) for c in centred) else None
-    first = [g[0] for g in present]
-    scale = _std(first)
-    if scale <= 1e-8 * max(1.0, abs(sum(first) / len(first))):
-        flat = [c for row in centred for c in row]
-        scale = math.sqrt(sum(c * c for c in flat) / len(flat))
-        if scale <= 1e-8:
-            return None
-    return [[c / scale for c in row] for row in centred]
+    # each turn by its own spread: |A| <= sqrt(n - 1) as in GRPO (the first turn's std alone let a later turn's
+    # advantage grow without bound when the first returns nearly agree); a turn with no spread gets 0
+    scales = [_std(values) for values in reached]
+    floors = [1e-8 * max(1.0, abs(b)) for b in baselines]
+    scaled = [[c / scales[t] if scales[t] > floors[t] else 0.0 for t, c in enumerate(row)] for row in centred]
+    return scaled if any(any(row) for row in scaled) else None
 
 
 def step_advantages(
@@ -114,11 +113,6 @@ class GroupCredit:
     calls: list[list[float]]
     no_calls: list[bool] = field(default_factory=list)
 
-    @property
-    def trains(self) -> bool:
-        """Whether any call has a non-zero advantage (else the group teaches nothing)."""
-        return any(any(row) for row in self.calls)
-
     def of(self, trajectory_index: int) -> dict[int, float]:
         return dict(enumerate(self.calls[trajectory_index]))
 
@@ -131,6 +125,7 @@ def group_credit(
     trajectories: Sequence[Trajectory], config: TrainConfig, group_index: int = 0
 ) -> GroupCredit | None:
     """The group's per-call advantages under `config.advantage`; None for "trajectory" (GRPO, loss.py)."""
+    config.check_credit_settings()  # again: a setting assigned after construction was never validated
     if config.advantage == "trajectory":
         return None
     for i, trajectory in enumerate(
