@@ -122,6 +122,9 @@ def test_eval_command_writes_the_page_and_logs_wandb_and_langfuse(
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()  # W&B keeps its settings process-wide from its first run: let it read this test's WANDB_DIR
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", langfuse_server.public_key)
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", langfuse_server.secret_key)
     monkeypatch.setenv("LANGFUSE_BASE_URL", langfuse_server.base_url)
