@@ -85,6 +85,8 @@ def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> 
     verdict = next(line for line in lines if line.startswith("    success ") and " gain " in line)
     low = float(re.search(r"\[95 % CI ([+-]\d\.\d+),", verdict)[1])  # type: ignore[index]
     assert low > 0, verdict
+    saved = json.loads((model_dir / "evaluation.json").read_text())  # the harness's result, as JSON
+    assert [t["target"] for t in saved["targets"]] == ["step 1", f"step {STEPS + 1}"], saved["targets"]
     # where the time went, by phase, just before the result; where to look just before that
     assert lines[-2].startswith("time: tiny model") and "GRPO steps" in lines[-2], lines[-2]
     assert lines[-5].startswith(f"report: {model_dir / 'report.html'}  (open it in a browser"), lines[-5]

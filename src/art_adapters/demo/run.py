@@ -64,7 +64,13 @@ def question_groups(rollout: Any, asked: list[Question], size: int, seed: int) -
 
 
 async def evaluate_demo(
-    model: TrainableModel, rollout: Any, asked: list[Question], attempts: int, seed: int, exporter: Any = None
+    model: TrainableModel,
+    rollout: Any,
+    asked: list[Question],
+    attempts: int,
+    seed: int,
+    exporter: Any = None,
+    output: Path | None = None,
 ) -> Any:
     """The harness (`art.evaluate`) on the demo's questions: the warm start (step 1) and the newest step, each
     question `attempts` times at temperature 1 on the same seeded draws; success = the database's answer."""
@@ -84,6 +90,7 @@ async def evaluate_demo(
         sampling=Sampling(temperature=1.0, seed=seed * 7919 + 1),
         success_threshold=1.0,
         langfuse=exporter,  # a dataset run per step in Langfuse, when it is on
+        output=output,  # the result as JSON (`evaluation.html` beside it in the model's folder)
     )
 
 
@@ -241,7 +248,9 @@ async def run_demo(
         print(
             "4/4 evaluation: the warm start (step 1) against the trained adapter, the same draws", flush=True
         )
-        evaluation = await evaluate_demo(model, rollout, asked, eval_samples, seed, exporter)
+        evaluation = await evaluate_demo(
+            model, rollout, asked, eval_samples, seed, exporter, model_dir / "evaluation.json"
+        )
         lap("evaluations", since)
     start, end = evaluation.targets[0], evaluation.targets[-1]
     gain = evaluation.comparisons[0]
