@@ -129,13 +129,13 @@ def where_to_look(report: Path, exporter: Any) -> list[str]:
 async def run_demo(
     path: str | Path = ".art",
     *,
-    steps: int = 14,
+    steps: int = 20,
     group_size: int = 8,
-    learning_rate: float = 2.5e-3,
-    final_learning_rate: float = 1e-3,
+    learning_rate: float = 1.2e-3,
+    final_learning_rate: float = 1.2e-3,  # lower: a linear decay (docs/getting-started.md has the runs)
     lora_rank: int = 16,
     warm_examples: int = 64,
-    warm_epochs: int = 16,
+    warm_epochs: int = 48,
     warm_learning_rate: float = 5e-3,
     eval_samples: int = 8,
     out: str | Path | None = None,
