@@ -25,9 +25,13 @@ import math
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from async_pipeline import paired_interval  # noqa: E402 - the bench's one paired-interval helper
 
 CHAIN = ["query", "day", "capital"]
 TOOL_DESCRIPTIONS = {
@@ -230,21 +234,6 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
             flush=True,
         )
     return rows
-
-
-def paired_interval(differences: list[float]) -> tuple[float, float, float]:
-    """Mean and 95 % t-interval of paired differences (one per seed)."""
-    from statistics import NormalDist
-
-    n = len(differences)
-    mean = statistics.mean(differences)
-    if n < 2:
-        return mean, float("nan"), float("nan")
-    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(
-        n, NormalDist().inv_cdf(0.975)
-    )
-    half = t * statistics.stdev(differences) / n**0.5
-    return mean, mean - half, mean + half
 
 
 def steps_to_reach(curve: list[float], target: float) -> int | None:
