@@ -132,7 +132,6 @@ async def run_demo(
     steps: int = 20,
     group_size: int = 8,
     learning_rate: float = 1.2e-3,
-    final_learning_rate: float = 1.2e-3,  # lower: a linear decay (docs/getting-started.md has the runs)
     lora_rank: int = 16,
     warm_examples: int = 64,
     warm_epochs: int = 48,
@@ -237,10 +236,7 @@ async def run_demo(
                     pbar_desc="rollouts",
                     after_each=exporter.after_each if exporter is not None else None,
                 )
-                # linear decay to final_learning_rate: big early steps learn fast, small late ones keep it
-                k = len(curve) / max(steps - 1, 1)
-                lr = learning_rate + (final_learning_rate - learning_rate) * k
-                metrics = await model.train(groups, config=config.model_copy(update={"learning_rate": lr}))
+                metrics = await model.train(groups, config=config)
                 swap = await served_swap(backend, model, groups)
                 show(await model.get_step(), metrics, swap, time.perf_counter() - t0)
         lap("GRPO steps", since)
