@@ -25,10 +25,15 @@ from typing import Any
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return await over_seeds(args, run_seed, "bench-async-")
+
+
+async def over_seeds(args: argparse.Namespace, run_seed: Any, prefix: str) -> list[dict[str, Any]]:
+    """`run_seed(args, backend, seed)` for each of the run's seeds on one LocalBackend in a temporary folder."""
     import art_adapters as art
     from art_adapters.inference import InferenceConfig
 
-    root = Path(tempfile.mkdtemp(prefix="bench-async-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     backend = art.LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=16))
     rows: list[dict[str, Any]] = []
     try:

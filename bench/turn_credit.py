@@ -26,12 +26,11 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_pipeline import paired_interval  # noqa: E402 - the bench's one paired-interval helper
+from async_pipeline import over_seeds, paired_interval  # noqa: E402 - the bench's shared helpers
 
 CHAIN = ["query", "day", "capital"]
 TOOL_DESCRIPTIONS = {
@@ -154,19 +153,7 @@ def success_of(groups: list[Any], metric: str = "success") -> float:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    import art_adapters as art
-    from art_adapters.inference import InferenceConfig
-
-    root = Path(tempfile.mkdtemp(prefix="bench-turns-"))
-    backend = art.LocalBackend(root, inference=InferenceConfig(max_model_len=1024, max_lora_rank=16))
-    rows: list[dict[str, Any]] = []
-    try:
-        for seed in range(args.seed_offset, args.seed_offset + args.seeds):
-            rows += await run_seed(args, backend, seed)
-    finally:
-        await backend.close()
-        shutil.rmtree(root, ignore_errors=True)
-    return rows
+    return await over_seeds(args, run_seed, "bench-turns-")
 
 
 def config_of(arm: str, args: argparse.Namespace, seed: int) -> Any:
