@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -96,19 +98,16 @@ async def test_a_client_that_goes_away_aborts_its_generation(vllm_server: VLLMSe
 async def test_a_dead_engine_is_restarted_with_its_adapters_at_their_versions(
     vllm_server: VLLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """What the gateway refuses could still reach vLLM another way (its own key, a future field): a dead engine
-    comes back by itself, every version it served loaded again, and the event is logged."""
+    """An engine killed from outside (the OOM killer, a crash on input the gateway cannot see) comes back by
+    itself, every version it served loaded again, and the event is logged."""
     async with registered_on(vllm_server, tmp_path, name="phoenix", project="gw") as (backend, model):
         ok = await post(model, {"model": model.name, **CHAT})
         assert ok.status_code == 200
         restarts, old_key = vllm_server.restarts, vllm_server.api_key
         with caplog.at_level(logging.WARNING, logger="art_adapters.inference.gateway"):
-            async with httpx.AsyncClient(timeout=120) as client:  # straight at vLLM, as only its key allows
-                body = {"model": "gw/phoenix@0", **CHAT, "kv_transfer_params": nested(900)}
-                killed = await client.post(
-                    f"{vllm_server.base_url}/chat/completions", json=body, headers=vllm_server.headers
-                )
-            assert killed.status_code >= 500
+            assert vllm_server.process is not None
+            os.killpg(vllm_server.process.pid, signal.SIGKILL)  # as the OOM killer would: no goodbye
+            vllm_server.process.wait(timeout=30)
             again = await post(model, {"model": model.name, **CHAT}, timeout=600)  # waits for the restart
         assert again.status_code == 200 and again.headers["x-art-served-model"] == "gw/phoenix@0"
         assert vllm_server.restarts == restarts + 1 and "gw/phoenix@0" in vllm_server.loras
