@@ -50,13 +50,14 @@ $(DEV_STAMP): $(STAMP)
 demo: venv
 	@$(BIN)/art-adapters demo
 
+# --durations: CI prints the slowest tests, so the suite's time can be kept in check from its own log.
 test: venv-dev
-	$(BIN)/python -m pytest -q -rs --ignore=tests/test_matrix.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=40 --ignore=tests/test_matrix.py $(PYTEST_ARGS)
 
 # The framework matrix: third-party agent frameworks on vLLM, each in its environment (.venv-matrix/, made on
 # first use); `python tests/matrix/table.py` then writes the docs' table from build/matrix.json.
 matrix: venv-dev
-	$(BIN)/python -m pytest -q -rs tests/test_matrix.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=20 tests/test_matrix.py $(PYTEST_ARGS)
 
 test-fast: venv-dev
 	$(BIN)/python -m pytest -q -m "not vllm and not train" $(PYTEST_ARGS)
