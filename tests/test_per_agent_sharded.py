@@ -69,10 +69,10 @@ def sharded() -> Any:
     trainer.close()
 
 
-def files(checkpoint: Path) -> dict[str, dict[str, torch.Tensor]]:
-    """Each adapter's weights and AdamW tensors (`{folder}:{name}`), as the checkpoint holds them."""
+def files(checkpoint: Path, folders: tuple[str, ...] = FOLDERS) -> dict[str, dict[str, torch.Tensor]]:
+    """Each adapter's weights and AdamW tensors (`{index}:{name}`), as the checkpoint holds them."""
     out = {}
-    for folder in FOLDERS:
+    for folder in folders:
         where = checkpoint / folder
         state = torch.load(where / "optimizer.pt", weights_only=True)
         moments = {
@@ -166,6 +166,35 @@ def test_a_checkpoint_resumes_every_agent_in_new_processes(
         assert all(torch.equal(continued[folder][k], after_resume[folder][k]) for k in continued[folder])
 
 
+def test_an_agent_first_seen_mid_run_gets_an_adapter_and_the_others_keep_theirs_to_the_bit(
+    single: PerAgentTrainer, start: Path, groups: list[TrajectoryGroup], sharded: Any, tmp_path: Path
+) -> None:
+    """An open list: agent c's first calls make every process build its model again with c's adapter (FSDP2
+    shards what a module holds when it wraps it), in the middle of the step; a's, b's and the shared adapter's
+    weights and moments come through the rebuild to the bit. SFT is refused before anything is sent."""
+    sharded.load(start)
+    sharded.train_step(groups, CONFIG)
+    sharded.save(tmp_path / "before")
+    metrics = sharded.train_step(groups_of(single, ["c"], seed=4), CONFIG)
+    assert sharded.agents == ["a", "b", "c"] and sharded.step == 2
+    assert metrics["adapters_trained"] == 1 and metrics["agent/c/trained_tokens"] > 0
+    sharded.save(tmp_path / "after")
+    before, after = files(tmp_path / "before"), files(tmp_path / "after", (*FOLDERS, "agents/c"))
+    for folder in FOLDERS:
+        assert all(torch.equal(before[folder][k], after[folder][k]) for k in before[folder]), folder
+    assert after["agents/c"].keys() == after["agents/a"].keys()
+    with pytest.raises(art.UnsupportedPerAgentSetting, match="train_sft"):
+        sharded.sft_step([], art.SFTConfig())
+    assert sharded.alive
+
+
+def test_more_agents_than_the_engine_holds_are_refused_before_any_process_starts() -> None:
+    with pytest.raises(art.UnsupportedPerAgentSetting, match="adapter 3 .* at most 2"):
+        ShardedPerAgentTrainer(
+            tiny_model_path(), LORA, per_agent=art.PerAgent(agents=["a", "b"]), processes=2, max_adapters=2
+        )
+
+
 async def test_a_rank_killed_mid_step_raises_in_bounded_time_and_every_agent_resumes(
     faults: Path,  # noqa: F811
     single: PerAgentTrainer,
@@ -216,3 +245,40 @@ async def test_a_rank_killed_mid_step_raises_in_bounded_time_and_every_agent_res
     assert state.step == 2 and metrics["adapters_trained"] == 3
     assert checkpoints.list_steps(state.directory) == [0, 1, 2]
     replaced.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.asyncio(loop_scope="session")
+async def test_local_backend_serves_each_agent_the_sharded_trainers_weights(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    """`LocalBackend(trainer_processes=2)` with an open PerAgent list on the real vLLM server: an agent first seen
+    at step 1 gets its adapter in the processes mid-step, its checkpoint loads in vLLM, and what vLLM serves as
+    that agent is the sharded trainer's weights for it (the swap check, as for one process)."""
+    from test_per_agent_vllm import SWAP_TOLERANCE, as_agent
+
+    backend = art.LocalBackend(tmp_path / "art", trainer_processes=2).use_server(vllm_server)
+    model = art.TrainableModel(
+        name="m",
+        project="wide",
+        base_model=str(vllm_server.base_model),
+        lora=art.LoRAConfig(rank=8, alpha=16),
+        adapters=art.PerAgent(by="role"),
+    )
+    await model.register(backend)
+    try:
+        trajectories = [await as_agent(model, "scout", k) for k in range(4)]
+        for k, trajectory in enumerate(trajectories):
+            trajectory.reward = float(k)
+        metrics = await model.train([art.TrajectoryGroup(trajectories)], art.TrainConfig(learning_rate=5e-2))
+        assert metrics["trainer_processes"] == 2 and metrics["agent/scout/trained_tokens"] > 0
+        trainer = await backend.trainer(model)
+        assert isinstance(trainer, ShardedPerAgentTrainer) and trainer.agents == ["scout"]
+        after = await as_agent(model, "scout", 9)
+        assert after.llm_calls[0].served_model == "wide/m.scout@1"
+        call = trajectories[0].llm_calls[0]
+        ids = list(call.prompt_token_ids or []) + list(call.completion_token_ids or [])
+        assert await backend.served_logprob_diff(model, ids, agent="scout") <= SWAP_TOLERANCE
+        assert await backend.served_logprob_diff(model, ids) <= SWAP_TOLERANCE  # the shared one too
+    finally:
+        await backend.close()
