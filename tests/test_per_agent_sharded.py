@@ -131,6 +131,12 @@ def test_a_step_on_a_leaves_b_and_the_shared_adapter_bit_identical(
         assert before[folder].keys() == after[folder].keys()
         assert all(torch.equal(before[folder][k], after[folder][k]) for k in before[folder]), folder
     assert worst(before["agents/a"], after["agents/a"]) > 0
+    ranks = sharded.memory(probe=False)  # each process holds half of every adapter's weights and moments
+    for rank in ranks:
+        for name, held in rank["adapter_state_bytes"].items():
+            print(f"rank {rank['rank']} adapter {name}: {held['held']} of {held['whole']} bytes")
+            assert 0.45 * held["whole"] <= held["held"] <= 0.55 * held["whole"], (rank["rank"], name)
+    assert sorted(ranks[0]["adapter_state_bytes"]) == ["a", "b", "shared"]
 
 
 def test_a_checkpoint_resumes_every_agent_in_new_processes(

@@ -166,6 +166,21 @@ class PerAgentTrainer(Trainer):
         finally:
             self.use(previous)
 
+    def state_bytes(self) -> dict[str, dict[str, int]]:
+        """Per adapter (metric name): the bytes of its weights and AdamW state this process holds (`held`: its
+        shards when sharded) and their whole size (`whole`): the memory an adapter adds to each process."""
+        out = {}
+        for adapter, slot in self.slots.items():
+            tensors = [*slot.params]
+            for state in slot.optimizer.state.values():
+                tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+            held = sum(_local(t).numel() * t.element_size() for t in tensors)
+            out[metric_name(adapter)] = {
+                "held": held,
+                "whole": sum(t.numel() * t.element_size() for t in tensors),
+            }
+        return out
+
     # --- sharded: every adapter is in the model when FSDP2 wraps it -------------------------------------------
 
     def _sharded_adapters(self) -> list[str]:
@@ -331,3 +346,7 @@ class PerAgentTrainer(Trainer):
 
 def _shared_only(source: Any) -> str:
     return SHARED
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: this process's shard

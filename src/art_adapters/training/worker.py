@@ -91,6 +91,8 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
         "resident_weight_bytes_peak": current.peak if current is not None else None,
         "frozen_weight_bytes": frozen_weight_bytes(trainer.model),
     }
+    if isinstance(trainer, PerAgentTrainer):
+        mine["adapter_state_bytes"] = trainer.state_bytes()
     if trainer.device.type == "cuda":
         import torch
 
