@@ -201,6 +201,30 @@ def test_more_agents_than_the_engine_holds_are_refused_before_any_process_starts
         )
 
 
+def test_another_host_joins_with_the_same_agents_or_is_refused_by_name() -> None:
+    """The command node 0 logs for another host carries the agents held at start; the processes compare them."""
+    import shlex
+
+    from art_adapters.training.launcher import WorkerSpec
+    from art_adapters.training.rendezvous import facts
+
+    spec = WorkerSpec(base_model=str(tiny_model_path()), lora=LORA, processes=2, nodes=2, adapters=("a", "b"))
+    assert '--adapters=["a", "b"]' in shlex.split(spec.join_command(1, "hostA:29400"))
+    assert spec.argv("file:/x")[-1] == '--adapters=["a", "b"]'
+    assert "--adapters" not in " ".join(WorkerSpec(base_model="m", lora=LORA, processes=2).argv("file:/x"))
+    mine = facts(
+        str(tiny_model_path()),
+        LORA.model_dump_json(),
+        engine="peft",
+        device="cpu",
+        max_seq_len=64,
+        processes_per_node=2,
+        hsdp=False,
+        adapters=["a", "b"],
+    )
+    assert mine["per-agent adapters"] == ["a", "b"]
+
+
 async def test_a_rank_killed_mid_step_raises_in_bounded_time_and_every_agent_resumes(
     faults: Path,  # noqa: F811
     single: PerAgentTrainer,

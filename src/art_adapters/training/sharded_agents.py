@@ -78,7 +78,9 @@ class ShardedPerAgentTrainer(ShardedTrainer):
     def load(self, directory: str | Path) -> None:
         """Resume the agents the checkpoint holds (`agent_steps.load_plan`: a fixed list loads only its own, and a
         warning names what changed), then the shared adapter, step and rng."""
-        self._call("load", directory=str(directory), agents=load_plan(Path(directory), self.per_agent))
+        agents = load_plan(Path(directory), self.per_agent)
+        check_room(sorted(set(agents) - set(self._held)), len(self._held) + 1, self.max_adapters)
+        self._call("load", directory=str(directory), agents=agents)
 
     def adapter_logprobs(self, adapter: str, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         """`logprobs_of` under one agent's adapter (SHARED: the shared one)."""
