@@ -169,8 +169,6 @@ async def test_backends_refuse_what_they_cannot_do_before_anything_starts(tmp_pa
 
     with pytest.raises(art.UnsupportedPerAgentSetting, match="RemoteBackend"):
         await model().register(art.RemoteBackend("http://127.0.0.1:9", api_key="k"))
-    with pytest.raises(art.UnsupportedPerAgentSetting, match="sharded trainer"):
-        await model().register(art.LocalBackend(tmp_path / "a", trainer_processes=2))
     small = art.LocalBackend(tmp_path / "b", inference=InferenceConfig(max_loras=3))
     with pytest.raises(art.UnsupportedPerAgentSetting, match=r"lists 2 agents.*max_loras >= 4.*max_loras=3"):
         await model(["a", "b"]).register(small)

@@ -27,7 +27,7 @@ RESERVED = frozenset({"shared"})  # the shared adapter's name in the metrics (`a
 
 
 class UnsupportedPerAgentSetting(ValueError):
-    """A setting PerAgent cannot honour yet (RemoteBackend, the sharded trainer, modules_to_save, ...), refused
+    """A setting PerAgent cannot honour yet (RemoteBackend, modules_to_save, Unsloth, ...), refused
     before anything loads."""
 
 

@@ -17,7 +17,6 @@ from .base import ARTTraining, InferenceEndpoint
 from .checkpoint_sync import CheckpointSync
 from .serving import (
     Registered,
-    check_one_process,
     engine_adapter_room,
     forget_all,
     publish_step,
@@ -119,7 +118,6 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
         from ..inference.gateway import gateway_of
 
         base = validate_model_dir(model.base_model)  # clear errors before any server starts
-        check_one_process(model, self._trainer_processes(model) > 1 or self.trainer_nodes > 1)
         rank = required_lora_rank(base, model)
         if model.lora.modules_to_save:
             from ..training.adapter_io import vllm_unservable_modules

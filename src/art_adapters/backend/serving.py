@@ -198,15 +198,6 @@ async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids:
     return out
 
 
-def check_one_process(model: TrainableModel, sharded: bool) -> None:
-    """Per-agent adapters train in one process: a sharded trainer is refused before anything loads."""
-    if model.adapters is not None and sharded:
-        raise UnsupportedPerAgentSetting(
-            f"model {model.name!r}: adapters=PerAgent(...) is not supported by the sharded trainer "
-            "(trainer_processes > 1, several trainer GPUs or nodes) yet: train per-agent adapters in one process"
-        )
-
-
 def sized_for_agents(config: InferenceConfig, model: TrainableModel) -> InferenceConfig:
     """A fixed `PerAgent(agents=...)` list of N: `max_loras` at least 2 x (N + 1) unless set (each adapter's newest
     version and one older still in flight); a setting too small is refused at registration (`engine_adapter_room`)."""

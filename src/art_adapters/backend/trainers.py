@@ -218,13 +218,25 @@ class TrainerHost:
         gpus = self._trainer_gpus(model)
         trainer: Trainer | ShardedTrainer
         engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
+        steps = checkpoints.list_steps(directory)
         if processes > 1 or self.trainer_nodes > 1:
             from ..training.sharded import ShardedTrainer
 
             settings = trainer_settings(self._plan(model), ShardedTrainer)
             if engine_max_len is not None:  # one sequence length, the sharded trainer's too
                 settings["max_seq_len"] = engine_max_len
-            trainer = ShardedTrainer(
+            sharded = ShardedTrainer
+            if model.adapters is not None:  # one adapter per agent, each sharded (FSDP2) with its layers
+                from ..training.sharded_agents import ShardedPerAgentTrainer
+
+                sharded = ShardedPerAgentTrainer
+                latest = checkpoints.checkpoint_dir(directory, steps[-1]) if steps else None
+                settings.update(  # the latest checkpoint's agents held from the start: resuming needs no rebuild
+                    per_agent=model.adapters,
+                    max_adapters=self._adapter_room(model, directory),
+                    agents=checkpoint_agents(latest) if latest is not None else [],
+                )
+            trainer = sharded(
                 model.base_model,
                 model.lora,
                 processes=processes,
@@ -244,21 +256,18 @@ class TrainerHost:
             if model.adapters is not None:  # one adapter per agent on the one base (PEFT)
                 from ..training.per_agent import PerAgentTrainer
 
-                max_loras = getattr(self, "_model_max_loras", {}).get(directory)
-                room = engine_adapter_room(max_loras, model) if max_loras is not None else None
                 settings.pop("engine", None)
                 trainer = PerAgentTrainer(
                     model.base_model,
                     model.lora,
                     per_agent=model.adapters,
-                    max_adapters=room,
+                    max_adapters=self._adapter_room(model, directory),
                     device=device,
                     **settings,
                 )
             else:
                 trainer = Trainer(model.base_model, model.lora, device=device, **settings)
         try:
-            steps = checkpoints.list_steps(directory)
             if steps:
                 trainer.load(checkpoints.checkpoint_dir(directory, steps[-1]))
                 if trainer.step != steps[-1]:
@@ -272,6 +281,11 @@ class TrainerHost:
             trainer.close()
             raise
         return trainer
+
+    def _adapter_room(self, model: TrainableModel, directory: Path) -> int | None:
+        """How many of the model's adapters its engine holds (None: no engine known, or no PerAgent)."""
+        max_loras = getattr(self, "_model_max_loras", {}).get(directory)
+        return engine_adapter_room(max_loras, model) if max_loras is not None else None
 
     async def _live_trainer(self, state: Registered) -> Trainer | ShardedTrainer:
         """The model's trainer; a dead one (a sharded trainer whose process failed) is closed first (its memory

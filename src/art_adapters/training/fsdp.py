@@ -9,6 +9,7 @@ checkpointing as a setting, gradients summed (not averaged) over processes.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,6 +18,8 @@ from torch import nn
 from .logprobs import token_logprobs
 from .parallel import Parallel, broadcast_tensor, scatter_into
 from .weights import CheckpointReader
+
+_DEFAULT = "default"  # PEFT's first adapter (the shared one)
 
 
 class Scorer(nn.Module):
@@ -85,8 +88,12 @@ def build_sharded_peft(
     dtype: torch.dtype,
     seed: int,
     checkpointing: bool,
+    adapters: Sequence[str] = (),
 ) -> tuple[Any, Scorer]:
-    """The PEFT model, sharded and filled (see the module docstring), and its root `Scorer`."""
+    """The PEFT model, sharded and filled (see the module docstring), and its root `Scorer`. `adapters`: more
+    PEFT adapters of the same config beside "default" (per-agent trainers), each starting from default's initial
+    weights, sharded with their layers (all adapters' LoRA of a layer are one FSDP group with its base weights);
+    "default" stays the active one."""
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -96,7 +103,13 @@ def build_sharded_peft(
     if checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(lm, peft_config)
+    for name in adapters:
+        model.add_adapter(name, peft_config)
+    model.set_adapter(_DEFAULT)  # only its parameters require grad (PEFT's multi-adapter rule)
     initial = _lora_initial_values(model, seed) if parallel.leader else {}
+    for name in adapters:  # every adapter starts where the shared one does
+        marker = f".{_DEFAULT}."
+        initial.update({k.replace(marker, f".{name}."): v for k, v in list(initial.items()) if marker in k})
     scorer = Scorer(lm)
     shard(scorer, parallel, device.type)
     scorer.to_empty(device=device)

@@ -5,6 +5,7 @@ loopback, so nothing listens on the network; several hosts join rank 0's TCP sto
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -37,6 +38,7 @@ class WorkerSpec:
     activation_checkpointing: bool = True
     collective_timeout_s: float = 60.0
     hsdp: bool = False
+    adapters: tuple[str, ...] | None = None  # per-agent: the agents' adapters held from the start (None: one)
 
     def argv(self, store: str, module: str = WORKER_MODULE) -> list[str]:
         return [
@@ -62,6 +64,7 @@ class WorkerSpec:
             f"--activation-checkpointing={int(self.activation_checkpointing)}",
             f"--collective-timeout={self.collective_timeout_s}",
             f"--hsdp={int(self.hsdp)}",
+            *([] if self.adapters is None else [f"--adapters={json.dumps(list(self.adapters))}"]),
         ]
 
     def join_command(self, node_rank: int, master: str) -> str:
@@ -211,6 +214,9 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-timeout", type=float, default=60.0)
     parser.add_argument("--hsdp", type=int, choices=[0, 1], default=0)
     parser.add_argument("--gpu", type=int, action="append", default=None, help="a GPU to use (repeatable)")
+    parser.add_argument(
+        "--adapters", default=None, help="per-agent adapters held from the start, as JSON (node 0 logs it)"
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.node_rank < args.nodes:
         raise SystemExit(f"--node-rank must be 1..{args.nodes - 1} (node 0 is the backend's host)")
@@ -234,6 +240,7 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
         activation_checkpointing=bool(args.activation_checkpointing),
         collective_timeout_s=args.collective_timeout,
         hsdp=bool(args.hsdp),
+        adapters=None if args.adapters is None else tuple(json.loads(args.adapters)),
     )
     folder = Path(tempfile.mkdtemp(prefix="art-trainer-node-"))
     ranks = Ranks(

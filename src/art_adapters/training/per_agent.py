@@ -1,5 +1,6 @@
 """One trainer, one base, one LoRA adapter per agent (`art.PerAgent`): PEFT multi-adapter, each adapter with its own
-AdamW state; one step updates every adapter that has calls, on its own calls only; the step advances once.
+AdamW state; one step updates every adapter that has calls, on its own calls only; the step advances once. In one
+process, or as each process of the sharded trainer (FSDP2: every adapter's LoRA sharded with its layer).
 
 AT-GRPO's grouping: an adapter's view of a group holds only the trajectories in which its agent made a call, so
 its baseline is over those; within them, only its own calls' sampled tokens train (the other agents' turns stay
@@ -10,11 +11,12 @@ the base policy), which makes one agent's run train bit-for-bit like a single ad
 
 from __future__ import annotations
 
-import copy
+import gc
 import logging
-import math
+import shutil
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,21 @@ from ..agent_adapters import SHARED, PerAgent, UnsupportedPerAgentSetting
 from ..checkpoints import agent_checkpoint_dir, checkpoint_agents
 from ..config import LoRAConfig, TrainConfig
 from ..trajectories import TrajectoryGroup
-from . import adapter_io, loading
+from . import adapter_io, loading, shard_io
+from .agent_steps import (
+    AGENT_METRICS,
+    PEFT_SHARED,
+    SFT_REFUSED,
+    Route,
+    check_room,
+    combined_metrics,
+    load_plan,
+    log_first_seen,
+    metric_name,
+    peft_name,
+    split_views,
+    tell_unlisted,
+)
 from .prepare import prepare_groups
 from .tokenize import TrainSequence
 from .trainer import Metrics, Trainer, default_engine
@@ -33,8 +49,7 @@ from .trainer_parts import _moved
 from .versions import check_not_future
 
 log = logging.getLogger(__name__)
-PEFT_SHARED = "default"  # PEFT's name of the shared adapter (the model's own, served as `{project}/{name}`)
-AGENT_METRICS = ("loss", "trained_tokens", "grad_norm", "reward_mean", "trajectories")
+__all__ = ["AGENT_METRICS", "PEFT_SHARED", "PerAgentTrainer", "Slot", "metric_name", "peft_name"]
 
 
 @dataclass
@@ -46,36 +61,27 @@ class Slot:
     optimizer: torch.optim.Optimizer
 
 
-def peft_name(adapter: str) -> str:
-    return PEFT_SHARED if adapter == SHARED else f"agent_{adapter}"
-
-
-def metric_name(adapter: str) -> str:
-    return "shared" if adapter == SHARED else adapter
-
-
 class PerAgentTrainer(Trainer):
     """A Trainer holding the shared adapter plus one per agent (see the module docstring). PEFT only: Unsloth's
-    patched single-adapter path is not used (asking for it is refused); the sharded trainer is refused.
+    patched single-adapter path is not used (asking for it is refused).
 
-    `max_adapters`: how many adapters (the shared one included) may exist, what the engine can serve at once; an
-    agent beyond it is refused with the numbers before its step trains anything."""
+    `per_agent`: the rule routing each call to its adapter. None inside a sharded trainer's process, which is
+    sent each step's routes (`route`) and the agents to load by the backend's side (`sharded_agents.py`).
+    `adapters`: agents' adapters to hold from the start (besides a fixed list's). `max_adapters`: how many
+    adapters (the shared one included) may exist, what the engine can serve at once; an agent beyond it is
+    refused with the numbers before anything loads or trains."""
 
     def __init__(
         self,
         base_model: str | Path,
         lora: LoRAConfig | None = None,
         *,
-        per_agent: PerAgent,
+        per_agent: PerAgent | None,
         max_adapters: int | None = None,
+        adapters: Sequence[str] = (),
         engine: str = "auto",
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("parallel") is not None:
-            raise UnsupportedPerAgentSetting(
-                "adapters=PerAgent(...) is not supported by the sharded trainer (trainer_processes > 1 or several "
-                "trainer GPUs/nodes) yet: train per-agent adapters in one process"
-            )
         if engine == "unsloth" or kwargs.get("load_in_4bit"):
             raise UnsupportedPerAgentSetting(
                 "adapters=PerAgent(...) trains with PEFT + transformers: Unsloth (and its 4-bit base) is not "
@@ -83,20 +89,26 @@ class PerAgentTrainer(Trainer):
             )
         if engine == "auto" and default_engine() == "unsloth":
             log.info("per-agent adapters: training with PEFT + transformers (not Unsloth)")
+        initial = sorted(set(per_agent.listed() if per_agent is not None else ()) | set(adapters))
+        check_room(initial, 1, max_adapters)  # before anything loads
+        self._initial = initial
         super().__init__(base_model, lora, engine="peft", **kwargs)
         self.per_agent = per_agent
+        self.route: Route = per_agent.adapter_of if per_agent is not None else _shared_only
         self.max_adapters = max_adapters
+        self.active = SHARED
+        self._selected: str | None = None
+        self._told: set[str] = set()
+        if self.parallel is not None:  # every adapter was built into the sharded model
+            self._sharded_slots(initial)
+            return
         self._fresh = {  # the seeded initial adapter: every agent's adapter starts from it
             name: p.detach().clone()
             for name, p in self.model.named_parameters()
             if p.requires_grad and f".{PEFT_SHARED}." in name
         }
         self.slots: dict[str, Slot] = {SHARED: Slot(PEFT_SHARED, self.params, self.optimizer)}
-        self.active = SHARED
-        self._selected: str | None = None
-        self._told: set[str] = set()
-        for adapter in per_agent.listed():
-            self.add_adapter(adapter)
+        self.add_adapters(initial)
 
     # --- adapters ----------------------------------------------------------------------------------------
 
@@ -107,14 +119,22 @@ class PerAgentTrainer(Trainer):
 
     def add_adapter(self, adapter: str) -> None:
         """A fresh adapter for `adapter` (the seeded initial weights, its own AdamW); a no-op if held."""
-        if adapter in self.slots:
+        self.add_adapters([adapter])
+
+    def add_adapters(self, adapters: Iterable[str]) -> None:
+        """Fresh adapters for those of `adapters` not held (refused with the numbers when they do not fit)."""
+        new = sorted(set(adapters) - set(self.slots))
+        if not new:
             return
-        if self.max_adapters is not None and len(self.slots) + 1 > self.max_adapters:
-            raise UnsupportedPerAgentSetting(
-                f"agent {adapter!r} would be adapter {len(self.slots) + 1} (shared + {len(self.slots)} agents), "
-                f"but the engine serves at most {self.max_adapters} at once (max_loras less one loading): raise "
-                "InferenceConfig.max_loras, or list fewer agents in PerAgent(agents=...)"
-            )
+        check_room(new, len(self.slots), self.max_adapters)
+        if self.parallel is not None:
+            self._regrow(new)
+            return
+        for adapter in new:
+            self._add_one(adapter)
+        self.use(self.active)
+
+    def _add_one(self, adapter: str) -> None:
         name = peft_name(adapter)
         self.model.add_adapter(name, loading.peft_config(self.lora))
         named = dict(self.model.named_parameters())
@@ -129,7 +149,6 @@ class PerAgentTrainer(Trainer):
             raise RuntimeError(f"adapter {name}: {len(owned)} parameters, {len(params)} initialised")
         fused = self.device.type == "cuda"
         self.slots[adapter] = Slot(name, params, torch.optim.AdamW(params, lr=1e-5, fused=fused))
-        self.use(self.active)
 
     def use(self, adapter: str) -> None:
         """Make `adapter` the active one: its LoRA in every forward, its parameters trainable, its optimizer."""
@@ -147,28 +166,81 @@ class PerAgentTrainer(Trainer):
         finally:
             self.use(previous)
 
+    def state_bytes(self) -> dict[str, dict[str, int]]:
+        """Per adapter (metric name): the bytes of its weights and AdamW state this process holds (`held`: its
+        shards when sharded) and their whole size (`whole`): the memory an adapter adds to each process."""
+        out = {}
+        for adapter, slot in self.slots.items():
+            tensors = [*slot.params]
+            for state in slot.optimizer.state.values():
+                tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+            held = sum(_local(t).numel() * t.element_size() for t in tensors)
+            out[metric_name(adapter)] = {
+                "held": held,
+                "whole": sum(t.numel() * t.element_size() for t in tensors),
+            }
+        return out
+
+    # --- sharded: every adapter is in the model when FSDP2 wraps it -------------------------------------------
+
+    def _sharded_adapters(self) -> list[str]:
+        return [peft_name(a) for a in self._initial]
+
+    def _sharded_slots(self, agents: Iterable[str]) -> None:
+        """A slot per adapter of the sharded model (the shared one and `agents`): its DTensor parameters in
+        module order (the order one process's slots have, so checkpoints match), its own AdamW."""
+        named = list(self.model.named_parameters())
+        self.slots = {}
+        for adapter in [SHARED, *sorted(agents)]:
+            name = peft_name(adapter)
+            params = [p for n, p in named if f".{name}." in n]
+            self.slots[adapter] = Slot(name, params, torch.optim.AdamW(params, lr=1e-5, fused=False))
+        self.use(SHARED)
+
+    def _regrow(self, new: list[str]) -> None:
+        """FSDP2 shards a module's parameters once, when it wraps them: an adapter added afterwards would be a
+        plain tensor on each process that no reduce-scatter syncs. So the model is built again holding every
+        adapter (the base read and scattered by rank 0, as at start-up), and the held adapters' state (weights,
+        AdamW moments, step, rng) goes through a checkpoint rank 0 writes to a private temporary folder. A
+        failure to write it is agreed (nothing changed); one past it ends the processes (the backend resumes
+        from the last checkpoint)."""
+        assert self.parallel is not None
+        held = self.agents
+        leader = self.parallel.leader
+        folder = Path(tempfile.mkdtemp(prefix="art-trainer-grow-")) if leader else Path("art-trainer-grow")
+        try:
+            self.save(folder)
+            for name in ("model", "scorer", "optimizer", "params", "slots"):
+                self.__dict__.pop(name, None)
+            probe = self.__dict__.pop("_weight_probe", None)
+            if probe is not None:
+                probe.remove()
+            self._measured = []
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self._build_sharded([peft_name(a) for a in sorted([*held, *new])])
+            self._sharded_slots([*held, *new])
+            self.load_agents(folder, held)
+        finally:
+            if leader:
+                shutil.rmtree(folder, ignore_errors=True)
+        log.info(
+            "per-agent adapters: the sharded model rebuilt with %d agents' adapters", len(held) + len(new)
+        )
+
     # --- one step ----------------------------------------------------------------------------------------
 
     def split(self, groups: list[TrajectoryGroup]) -> dict[str, list[TrajectoryGroup]]:
-        """Each adapter's view of the groups: per group, the trajectories with a call of its agent (a trajectory
-        with no captured call belongs to the shared adapter). Adapters first seen here are added (logged)."""
-        views: dict[str, list[TrajectoryGroup]] = {}
-        for group in groups:
-            members: dict[str, list[Any]] = {}
-            for trajectory in group.trajectories:
-                adapters = {self.per_agent.adapter_of(c.source) for c in trajectory.llm_calls} or {SHARED}
-                for adapter in adapters:
-                    members.setdefault(adapter, []).append(trajectory)
-            for adapter, trajectories in members.items():
-                view = copy.copy(group)  # its own list: the caller's group keeps every trajectory
-                view.trajectories = trajectories
-                views.setdefault(adapter, []).append(view)
-        self._tell_unlisted(groups)
-        for adapter in sorted(set(views) - set(self.slots)):
-            self.add_adapter(adapter)
-            log.info(
-                "per-agent adapters: agent %r first seen at step %d; a fresh adapter", adapter, self.step + 1
-            )
+        """Each adapter's view of the groups (`agent_steps.split_views`). Adapters first seen here are added
+        (logged where the rule lives)."""
+        views = split_views(groups, self.route)
+        if self.per_agent is not None:
+            tell_unlisted(self.per_agent, groups, self._told)
+        new = sorted(set(views) - set(self.slots))
+        self.add_adapters(new)
+        if self.per_agent is not None:
+            log_first_seen(new, self.step + 1)
         return views
 
     def train_step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> Metrics:
@@ -190,122 +262,68 @@ class PerAgentTrainer(Trainer):
             self._selected = None
             self.use(SHARED)
         self.step = step + 1
-        return self._combined(results, groups, started)
+        return combined_metrics(results, groups, started, self.step)
 
     def prepare(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> tuple[list[TrainSequence], Metrics]:
         """The Trainer's, keeping only the selected adapter's calls trainable."""
         limit = self.seq_limit(config.max_seq_len)
-        selected = self._selected
-        select = None if selected is None else (lambda s: self.per_agent.adapter_of(s) == selected)
+        selected, route = self._selected, self.route
+        select = None if selected is None else (lambda s: route(s) == selected)
         sequences, metrics = prepare_groups(
             self.tokenizer, self.vocab_size, groups, config, max_seq_len=limit, select=select
         )
         check_not_future(groups, (v for s in sequences for v in s.versions), self.step)
         return sequences, metrics
 
-    def _combined(
-        self, results: dict[str, Metrics], groups: list[TrajectoryGroup], started: float
-    ) -> Metrics:
-        """The step's metrics: one adapter's own when one trained (the single-adapter numbers), else sums (tokens,
-        loss: the adapters' objectives are independent), the norm of all gradients, and per agent
-        `agent/{name}/{loss,trained_tokens,grad_norm,reward_mean,trajectories}`."""
-        trained = {a: m for a, m in results.items() if "skipped_reason" not in m}
-        if len(results) == 1:
-            metrics = dict(next(iter(results.values())))
-        else:
-            rewards = [t.reward for g in groups for t in g.trajectories]
-            metrics = {
-                "loss": sum(m.get("loss", 0.0) for m in trained.values()),
-                "trained_tokens": sum(m.get("trained_tokens", 0) for m in results.values()),
-                "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-                "groups": len(groups),
-                "trajectories": len(rewards),
-                "sequences": sum(m.get("sequences", 0) for m in trained.values()),
-                "step": self.step,
-            }
-            if trained:
-                norms = [m["grad_norm"] for m in trained.values()]
-                metrics["grad_norm"] = math.sqrt(sum(n * n for n in norms))
-                metrics["learning_rate"] = next(iter(trained.values()))["learning_rate"]
-                fractions = [m["sampled_token_fraction"] for m in trained.values()]
-                metrics["sampled_token_fraction"] = min(fractions)
-            else:
-                metrics["skipped_reason"] = "; ".join(
-                    f"{metric_name(a)}: {m['skipped_reason']}" for a, m in sorted(results.items())
-                )
-            metrics["step_seconds"] = time.perf_counter() - started
-        metrics["adapters_trained"] = len(trained)
-        for adapter, m in results.items():
-            for key in AGENT_METRICS:
-                if key in m:
-                    metrics[f"agent/{metric_name(adapter)}/{key}"] = m[key]
-        return metrics
-
-    def _tell_unlisted(self, groups: list[TrajectoryGroup]) -> None:
-        """Once per key: an agent not in a fixed `agents` list trains the shared adapter."""
-        if self.per_agent.agents is None:
-            return
-        for key in _keys(self.per_agent, groups) - set(self.per_agent.agents) - self._told:
-            self._told.add(key)
-            log.info(
-                "per-agent adapters: %r is not in PerAgent(agents=...); its calls train the shared adapter",
-                key,
-            )
-
     def sft_step(self, trajectories: list[Any], config: Any) -> Metrics:
         """Refused: SFT would train the shared adapter only, and the agents' adapters start fresh, not from it."""
-        raise UnsupportedPerAgentSetting(
-            "train_sft with adapters=PerAgent(...) is not supported yet: it would train only the shared adapter "
-            "(the agents' adapters start fresh); warm-start without PerAgent, or train with RL steps"
-        )
+        raise UnsupportedPerAgentSetting(SFT_REFUSED)
 
     # --- state -------------------------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> Path:
         """The shared adapter's files at `directory` (as a single-adapter trainer writes them), each agent's under
-        `directory/agents/{adapter}/` (adapter, optimizer and trainer state)."""
+        `directory/agents/{adapter}/` (adapter, optimizer and trainer state); sharded: the same files, each
+        adapter gathered whole by every process and written by rank 0."""
         directory = Path(directory)
         try:
             for adapter in self.agents:
                 self.use(adapter)
-                adapter_io.save_trainer(
-                    self, agent_checkpoint_dir(directory, adapter), self.slots[adapter].peft
-                )
+                folder, peft = agent_checkpoint_dir(directory, adapter), self.slots[adapter].peft
+                if self.parallel is not None:
+                    shard_io.save_sharded(self, folder, peft)
+                else:
+                    adapter_io.save_trainer(self, folder, peft)
         finally:
             self.use(SHARED)
-        return adapter_io.save_trainer(self, directory)
+        return Trainer.save(self, directory)
 
     def load(self, directory: str | Path) -> None:
         """Resume every adapter the checkpoint holds (a fixed `agents` list: only those; the others are named in
         a warning and not loaded), then the shared one (its step and rng win). Listed agents the checkpoint lacks
         start fresh; the warning says which changed."""
         directory = Path(directory)
-        on_disk = set(checkpoint_agents(directory))
-        listed = set(self.per_agent.listed()) if self.per_agent.agents is not None else None
-        loading_ = on_disk if listed is None else on_disk & listed
-        dropped, fresh = sorted(on_disk - loading_), sorted((listed or set()) - on_disk)
-        # fresh with none on disk: a single-adapter run's checkpoint (its trained weights stay on the shared one)
-        if dropped or fresh:
-            log.warning(
-                "checkpoint %s holds agents %s; this run's PerAgent(agents=...) lists %s: %s%s",
-                directory,
-                sorted(on_disk),
-                sorted(listed or []),
-                f"not loaded (their calls train the shared adapter; later checkpoints will not hold them): {dropped}"
-                if dropped
-                else "",
-                f"{'; ' if dropped else ''}fresh adapters: {fresh}" if fresh else "",
-            )
+        plan = load_plan(directory, self.per_agent) if self.per_agent is not None else None
+        self.load_agents(directory, checkpoint_agents(directory) if plan is None else plan)
+
+    def load_agents(self, directory: str | Path, agents: Sequence[str]) -> None:
+        """Load `agents`' adapters from the checkpoint at `directory` (added first when not held), then the
+        shared adapter with the step and rng. A sharded process is told `agents` (only rank 0 reads the disk)."""
+        directory = Path(directory)
+        self.add_adapters(agents)
         try:
-            for adapter in sorted(loading_):
-                self.add_adapter(adapter)
+            for adapter in sorted(agents):
                 self.use(adapter)
-                adapter_io.load_trainer(self, agent_checkpoint_dir(directory, adapter))
+                folder = agent_checkpoint_dir(directory, adapter)
+                if self.parallel is not None:
+                    shard_io.load_sharded(self, folder)
+                else:
+                    adapter_io.load_trainer(self, folder)
         finally:
             self.use(SHARED)
-        adapter_io.load_trainer(self, directory)
+        Trainer.load(self, directory)
 
     def _move_state(self, device: torch.device) -> None:
         """Offload/reload (CUDA, shared GPU): the weights once, then every adapter's optimizer state."""
@@ -326,11 +344,9 @@ class PerAgentTrainer(Trainer):
         super().close()
 
 
-def _keys(per_agent: PerAgent, groups: Iterable[TrajectoryGroup]) -> set[str]:
-    return {
-        key
-        for g in groups
-        for t in g.trajectories
-        for c in t.llm_calls
-        if (key := per_agent.key_of(c.source)) is not None
-    }
+def _shared_only(source: Any) -> str:
+    return SHARED
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: this process's shard

@@ -34,8 +34,9 @@ def facts(
     max_seq_len: int,
     processes_per_node: int,
     hsdp: bool,
+    adapters: list[str] | None = None,
 ) -> dict[str, Any]:
-    """What every process of one trainer must agree on."""
+    """What every process of one trainer must agree on (`adapters`: a per-agent trainer's starting agents)."""
     from pathlib import Path
 
     from .weights import weights_fingerprint
@@ -57,6 +58,7 @@ def facts(
         "max sequence length": max_seq_len,
         "processes per node": processes_per_node,
         "HSDP": hsdp,
+        "per-agent adapters": adapters,
         "library versions": versions,
     }
 

@@ -26,9 +26,11 @@ from .adapter_io import (
 from .parallel import Parallel, agree, broadcast_bytes, broadcast_tensor, full, is_sharded, scatter_into
 
 
-def save_sharded(trainer: Trainer, directory: Path) -> Path:
+def save_sharded(trainer: Trainer, directory: Path, adapter: str = "default") -> Path:
+    """`adapter`: the PEFT adapter written, which must be the active (trainable) one, with `trainer.optimizer`
+    its optimizer (as `adapter_io.save_trainer`)."""
     parallel = _parallel(trainer)
-    state, config = adapter_tensors(trainer.model)
+    state, config = adapter_tensors(trainer.model, adapter)
     params = {n: full(p.detach()).cpu() for n, p in trainer.model.named_parameters() if p.requires_grad}
     optimizer = _whole(trainer.optimizer.state_dict())
     error: Exception | None = None

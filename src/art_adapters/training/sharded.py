@@ -47,7 +47,8 @@ class ShardedTrainer:
     this host is node 0 and rank 0 serves the rendezvous at `master` ("host:port", reachable by the others,
     which join with the command this logs; every host needs the same ART_ADAPTERS_TRAINER_TOKEN). `options`:
     activation checkpointing, HSDP across hosts, timeouts. `worker_module`: the module each process runs (default
-    `launcher.WORKER_MODULE`; tests wrap the worker in one that injects faults)."""
+    `launcher.WORKER_MODULE`; tests wrap the worker in one that injects faults). `adapters`: each process holds
+    a per-agent trainer with these agents' adapters (`sharded_agents.ShardedPerAgentTrainer` sets it)."""
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class ShardedTrainer:
         options: ShardedTrainerOptions | None = None,
         start_timeout_s: float = 900.0,
         worker_module: str | None = None,
+        adapters: list[str] | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"trainer processes must be >= 1, not {processes}")
@@ -106,6 +108,7 @@ class ShardedTrainer:
             activation_checkpointing=options.activation_checkpointing,
             collective_timeout_s=options.collective_timeout_s,
             hsdp=options.hsdp,
+            adapters=None if adapters is None else tuple(adapters),
         )
         self._folder = _private_folder()  # 0700: only this user reaches the socket
         store = f"tcp:{master}" if nodes > 1 else f"file:{self._folder / 'store'}"
@@ -165,11 +168,13 @@ class ShardedTrainer:
         """False once a process failed or the trainer was closed (its state is then only what was saved)."""
         return self._dead is None and self._ranks.exited() is None
 
-    def train_step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> Metrics:
+    def train_step(self, groups: list[TrajectoryGroup], config: TrainConfig, **more: Any) -> Metrics:
+        """`more`: fields the command carries besides the groups and config (a per-agent step's routes)."""
         answer = self._call(
             "train_step",
             groups=[g.model_dump(mode="json") for g in groups],
             config=config.model_dump(mode="json", exclude_unset=True),
+            **more,
         )
         for group, fractions in zip(groups, answer["trajectory_metrics"], strict=True):
             for trajectory, values in zip(group.trajectories, fractions, strict=True):
@@ -243,6 +248,7 @@ class ShardedTrainer:
                 self._fail(f"the trainer's leader stopped taking commands ({error})")
             answer = self._answer()
         self._step = int(answer.get("step", self._step))
+        self._heard(answer)
         if "error" in answer:
             if answer["error"] == "TokenizationError":
                 raise TokenizationError(answer["message"])
@@ -250,6 +256,9 @@ class ShardedTrainer:
                 raise FutureVersionError(answer["message"])
             raise TrainerProcessError(f"{answer['error']}: {answer['message']}")
         return answer
+
+    def _heard(self, answer: dict[str, Any]) -> None:
+        """What a subclass keeps of every answer, an error's too (the per-agent trainer: the agents held)."""
 
     def _answer(self, deadline: float | None = None) -> dict[str, Any]:
         """The leader's next answer (heartbeats skipped), watching every process meanwhile."""

@@ -100,19 +100,9 @@ class Trainer(TrainerParts):
                 "load the base in its own dtype (load_in_4bit=False)"
             )
         if parallel is not None:
-            from .fsdp import build_sharded_peft
-
             with quiet_loading():
                 self.tokenizer = loading.load_tokenizer(self.base_model)
-                self.model, self.scorer = build_sharded_peft(
-                    self.base_model,
-                    loading.peft_config(self.lora),
-                    parallel,
-                    device=self.device,
-                    dtype=self.dtype,
-                    seed=seed,
-                    checkpointing=gradient_checkpointing,
-                )
+            self._build_sharded(self._sharded_adapters())
         elif wanted == "unsloth":
             try:
                 with quiet_loading(unsloth=True):
@@ -149,6 +139,29 @@ class Trainer(TrainerParts):
         # the step guard's record of the step's forwards: (rows, padding?, pre-step logprobs)
         self._measured: list[tuple[list[TrainSequence], bool, torch.Tensor]] = []
         self._last_logprobs = torch.empty(0)
+
+    def _build_sharded(self, adapters: list[str]) -> None:
+        """This process's shards of the PEFT model (`fsdp.build_sharded_peft`), with `adapters` beside PEFT's
+        "default" (per-agent trainers: FSDP2 shards what the model holds when it wraps it)."""
+        from .fsdp import build_sharded_peft
+
+        assert self.parallel is not None
+        with quiet_loading():
+            self.model, self.scorer = build_sharded_peft(
+                self.base_model,
+                loading.peft_config(self.lora),
+                self.parallel,
+                device=self.device,
+                dtype=self.dtype,
+                seed=self.seed,
+                checkpointing=self.gradient_checkpointing,
+                adapters=adapters,
+            )
+        self.scorer.chunk_tokens = self.logprob_chunk_tokens
+
+    def _sharded_adapters(self) -> list[str]:
+        """PEFT adapters a sharded model is built with besides "default" (a per-agent trainer's agents)."""
+        return []
 
     # --- forward -----------------------------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ from typing import Any, NoReturn
 
 from ..config import TRAINER_HEARTBEAT_S, LoRAConfig, SFTConfig, TrainConfig
 from ..trajectories import Trajectory, TrajectoryGroup
+from .agent_steps import TableRoute
 from .parallel import AgreedError, Parallel, all_gather_bytes, broadcast_bytes, join
+from .per_agent import PerAgentTrainer
 from .rendezvous import TOKEN_ENV, check_group, facts
 from .trainer import Trainer
 from .wire import receive, send
@@ -39,6 +41,8 @@ def run(trainer: Trainer, command: dict[str, Any]) -> dict[str, Any]:
     op = command["op"]
     if op == "train_step":
         groups = [TrajectoryGroup.model_validate(g) for g in command["groups"]]
+        if isinstance(trainer, PerAgentTrainer):  # the backend applied the PerAgent rule: each call's adapter
+            trainer.route = TableRoute(command["routes"])
         metrics = trainer.train_step(groups, TrainConfig.model_validate(command["config"]))
         fractions = [
             [{k: v for k, v in t.metrics.items() if k.endswith("_token_fraction")} for t in g.trajectories]
@@ -52,8 +56,14 @@ def run(trainer: Trainer, command: dict[str, Any]) -> dict[str, Any]:
         trainer.save(command["directory"])
         return {}
     if op == "load":
-        trainer.load(command["directory"])
+        if isinstance(trainer, PerAgentTrainer):  # the backend chose them (only this rank 0 reads the disk)
+            trainer.load_agents(command["directory"], command["agents"])
+        else:
+            trainer.load(command["directory"])
         return {}
+    if op == "adapter_logprobs" and isinstance(trainer, PerAgentTrainer):
+        ids = command["token_ids"]
+        return {"logprobs": trainer.adapter_logprobs(command["adapter"], ids, command["temperature"])}
     if op == "logprobs_of":
         logprobs = trainer.logprobs_of(command["token_ids"], command["temperature"], start=command["start"])
         return {"logprobs": logprobs}
@@ -81,6 +91,8 @@ def _memory(trainer: Trainer, probe: bool) -> list[dict[str, Any]]:
         "resident_weight_bytes_peak": current.peak if current is not None else None,
         "frozen_weight_bytes": frozen_weight_bytes(trainer.model),
     }
+    if isinstance(trainer, PerAgentTrainer):
+        mine["adapter_state_bytes"] = trainer.state_bytes()
     if trainer.device.type == "cuda":
         import torch
 
@@ -153,6 +165,8 @@ def serve(trainer: Trainer, parallel: Parallel, conn: socket.socket | None) -> b
             except BaseException:  # the group is out of step: end this process, the launcher ends the rest
                 abort(f"rank {parallel.rank} failed in {command['op']!r}")
             answer["step"] = trainer.step
+            if isinstance(trainer, PerAgentTrainer):
+                answer["agents"] = trainer.agents
             if conn is not None:
                 beat.done.set()  # type: ignore[union-attr]
                 with beat.lock:  # type: ignore[union-attr]
@@ -230,7 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--activation-checkpointing", type=int, default=1)
     parser.add_argument("--collective-timeout", type=float, default=60.0)
     parser.add_argument("--hsdp", type=int, default=0)
+    parser.add_argument("--adapters", default=None, help="per-agent: the agents' adapters to hold, as JSON")
     args = parser.parse_args(argv)
+    adapters = None if args.adapters is None else [str(a) for a in json.loads(args.adapters)]
     parent = os.getppid()
     watch_parent(os.path.dirname(args.socket) if args.socket else None)
     parallel = join(
@@ -258,13 +274,16 @@ def main(argv: list[str] | None = None) -> None:
             max_seq_len=args.max_seq_len,
             processes_per_node=args.processes,
             hsdp=bool(args.hsdp),
+            adapters=adapters,
         )
         check_group(parallel, os.environ.get(TOKEN_ENV, ""), mine)
         device = f"cuda:{parallel.local_rank}" if args.device == "cuda" else "cpu"
-        trainer = Trainer(
+        per_agent: dict[str, Any] = {} if adapters is None else {"per_agent": None, "adapters": adapters}
+        trainer = (Trainer if adapters is None else PerAgentTrainer)(
             args.base_model,
             LoRAConfig.model_validate_json(args.lora),
             engine="peft",
+            **per_agent,
             device=device,
             seed=args.seed,
             max_seq_len=args.max_seq_len,
