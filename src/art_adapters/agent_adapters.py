@@ -24,6 +24,8 @@ SHARED = ""  # the key of the shared (default) adapter in the trainer and the me
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _HASHED = re.compile(r".*-[0-9a-f]{8}")  # how a sanitized name ends: a key ending so is hashed too
 RESERVED = frozenset({"shared"})  # the shared adapter's name in the metrics (`agent/shared/...`)
+# what a step records per adapter, as `agent/{name}/{metric}` (the shared adapter's name there is "shared")
+AGENT_METRICS = ("loss", "trained_tokens", "grad_norm", "reward_mean", "trajectories")
 
 
 class UnsupportedPerAgentSetting(ValueError):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..agent_adapters import SHARED, PerAgent, UnsupportedPerAgentSetting
+from ..agent_adapters import AGENT_METRICS, SHARED, PerAgent, UnsupportedPerAgentSetting
 from ..checkpoints import agent_checkpoint_dir, checkpoint_agents
 from ..config import LoRAConfig, TrainConfig
 from ..trajectories import TrajectoryGroup
@@ -34,7 +34,6 @@ from .versions import check_not_future
 
 log = logging.getLogger(__name__)
 PEFT_SHARED = "default"  # PEFT's name of the shared adapter (the model's own, served as `{project}/{name}`)
-AGENT_METRICS = ("loss", "trained_tokens", "grad_norm", "reward_mean", "trajectories")
 
 
 @dataclass
@@ -231,6 +230,7 @@ class PerAgentTrainer(Trainer):
                 metrics["learning_rate"] = next(iter(trained.values()))["learning_rate"]
                 fractions = [m["sampled_token_fraction"] for m in trained.values()]
                 metrics["sampled_token_fraction"] = min(fractions)
+                metrics.update(_staleness(list(trained.values())))
             else:
                 metrics["skipped_reason"] = "; ".join(
                     f"{metric_name(a)}: {m['skipped_reason']}" for a, m in sorted(results.items())
@@ -324,6 +324,18 @@ class PerAgentTrainer(Trainer):
         self.__dict__.pop("slots", None)
         self.__dict__.pop("_fresh", None)
         super().close()
+
+
+def _staleness(trained: list[Metrics]) -> Metrics:
+    """The step's staleness over every trained adapter's tokens: stale tokens summed, steps off policy per token
+    (the mean weighted by each adapter's trained tokens), the largest stale drop."""
+    tokens = sum(m.get("trained_tokens", 0) for m in trained)
+    off = sum(m.get("token_steps_off_policy", 0.0) * m.get("trained_tokens", 0) for m in trained)
+    return {
+        "stale_tokens": sum(int(m.get("stale_tokens", 0)) for m in trained),
+        "token_steps_off_policy": off / tokens if tokens else 0.0,
+        "max_stale_drop": max(float(m.get("max_stale_drop", 0.0)) for m in trained),
+    }
 
 
 def _keys(per_agent: PerAgent, groups: Iterable[TrajectoryGroup]) -> set[str]:
