@@ -92,3 +92,24 @@ def test_served_adapter_reads_the_adapter_and_version_of_a_call() -> None:
     assert served_adapter("p/m@3", "p/m") == ("", 3)
     assert served_adapter("p/other.x@3", "p/m") is None
     assert served_adapter(None) is None
+
+
+async def test_more_listed_agents_than_the_servers_engine_holds_is_a_400_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    from art_adapters.backend.remote import RemoteBackendError
+    from art_adapters.inference import InferenceConfig
+    from art_adapters.tiny import tiny_model_path
+
+    base = str(tiny_model_path())
+    backend = art.LocalBackend(tmp_path / "art", inference=InferenceConfig(max_loras=3))
+    with running(create_app(backend, api_key=KEY, allowed_base_models=[base])) as url:
+        model = art.TrainableModel(
+            name="m", project="p", base_model=base, adapters=art.PerAgent(agents=["a", "b", "c"])
+        )
+        with pytest.raises(
+            RemoteBackendError, match=r"lists 3 agents.*max_loras >= 5.*max_loras=3"
+        ) as refused:
+            await model.register(RemoteBackend(url, api_key=KEY))
+    assert refused.value.status == 400
+    assert backend._servers == {} and not any((tmp_path / "art").rglob("checkpoints"))  # no engine, no files

