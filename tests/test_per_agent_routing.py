@@ -167,8 +167,6 @@ async def test_backends_refuse_what_they_cannot_do_before_anything_starts(tmp_pa
             name="m", project="p", base_model=str(tiny_model_path()), adapters=art.PerAgent(agents=agents)
         )
 
-    with pytest.raises(art.UnsupportedPerAgentSetting, match="RemoteBackend"):
-        await model().register(art.RemoteBackend("http://127.0.0.1:9", api_key="k"))
     small = art.LocalBackend(tmp_path / "b", inference=InferenceConfig(max_loras=3))
     with pytest.raises(art.UnsupportedPerAgentSetting, match=r"lists 2 agents.*max_loras >= 4.*max_loras=3"):
         await model(["a", "b"]).register(small)

@@ -170,3 +170,18 @@ def test_more_agents_than_the_engine_holds_is_refused_with_the_numbers(model_pat
     with pytest.raises(UnsupportedPerAgentSetting, match="PEFT"):
         PerAgentTrainer(model_path, LORA, per_agent=art.PerAgent(), engine="unsloth")
     assert SHARED == ""
+
+
+def test_a_step_of_several_adapters_reports_the_staleness_of_all_their_tokens(model_path) -> None:
+    """With several adapters trained, the step's metrics were the adapters' sums and lost the staleness the
+    async pipeline reports (`token_steps_off_policy`): it is the mean over every trained adapter's tokens."""
+    per = PerAgentTrainer(model_path, LORA, per_agent=art.PerAgent(by="role"))
+    groups = groups_of(per, ["planner", "executor"])
+    per.train_step(groups_of(per, ["planner"], seed=1), CONFIG)  # the trainer is at step 1 now
+    for call in (c for g in groups for t in g.trajectories for c in t.llm_calls):
+        call.policy_version = 0 if call.source.role == "planner" else 1  # planner's tokens: one step behind
+    metrics = per.train_step(groups, CONFIG)
+    planner, executor = (metrics[f"agent/{a}/trained_tokens"] for a in ("planner", "executor"))
+    assert metrics["adapters_trained"] == 2 and planner > 0 and executor > 0
+    assert metrics["token_steps_off_policy"] == pytest.approx(planner / (planner + executor))
+    assert metrics["stale_tokens"] >= 0 and "max_stale_drop" in metrics

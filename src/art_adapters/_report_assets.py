@@ -78,7 +78,8 @@ SCRIPT = r"""
       byWhere[w].forEach(([c, j]) => {
         if (!c.tokens.length) return;
         const version = c.version === null || c.version === undefined ? '' : ', sampled by version ' + c.version;
-        viewer.appendChild(el('h4', null, 'call ' + j + ': sampled tokens (' + c.model + version + ', ' + c.tokens.length + ' tokens)'));
+        const adapter = c.adapter ? ', adapter ' + c.adapter + (c.served_model ? ' (' + c.served_model + ')' : '') : '';
+        viewer.appendChild(el('h4', null, 'call ' + j + ': sampled tokens (' + c.model + version + adapter + ', ' + c.tokens.length + ' tokens)'));
         const div = el('div', 'tokens');
         c.tokens.forEach(([piece, lp, id]) => { const s = el('span', 'tok', piece); s.style.background = shade(lp);
           s.title = 'id ' + id + (lp === null ? '' : '  logprob ' + lp.toFixed(4) + '  p ' + Math.exp(lp).toFixed(3));

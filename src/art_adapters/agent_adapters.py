@@ -24,6 +24,8 @@ SHARED = ""  # the key of the shared (default) adapter in the trainer and the me
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _HASHED = re.compile(r".*-[0-9a-f]{8}")  # how a sanitized name ends: a key ending so is hashed too
 RESERVED = frozenset({"shared"})  # the shared adapter's name in the metrics (`agent/shared/...`)
+# what a step records per adapter, as `agent/{name}/{metric}` (the shared adapter's name there is "shared")
+AGENT_METRICS = ("loss", "trained_tokens", "grad_norm", "reward_mean", "trajectories")
 
 
 class UnsupportedPerAgentSetting(ValueError):
@@ -117,6 +119,33 @@ class PerAgent(BaseModel):
 def served_name(model_key: str, adapter: str) -> str:
     """The served name of an adapter of the model served as `model_key` (`{project}/{name}`)."""
     return model_key if adapter == SHARED else f"{model_key}.{adapter}"
+
+
+def check_adapter_name(adapter: str) -> str:
+    """`adapter` if it is a valid adapter name (what a folder or a served name may be built from); else a
+    ValueError naming it. Names come from `adapter_name`; a name read from a request or a disk is checked here."""
+    if not isinstance(adapter, str) or not ADAPTER_NAME.fullmatch(adapter) or adapter in RESERVED:
+        raise ValueError(f"{adapter!r} is not an adapter name (1-48 of [A-Za-z0-9_-], not 'shared')")
+    return adapter
+
+
+def served_adapter(served_model: str | None, model_key: str | None = None) -> tuple[str, int | None] | None:
+    """Which adapter (SHARED for the shared one) and version a call's `served_model` (`{project}/{name}.{adapter}@
+    {step}`) names; None when there is none. With `model_key` (`{project}/{name}`) the split is exact; without
+    it the part after the last "." of the name is the adapter (a model whose own name holds a "." then reads as
+    an agent's: docs/multi-agent.md, "Name collision")."""
+    if not served_model:
+        return None
+    base, at, step = served_model.partition("@")
+    version = int(step) if at and step.isascii() and step.isdigit() else None
+    if model_key is not None:
+        if base == model_key:
+            return SHARED, version
+        head, dot, adapter = base.partition(model_key + ".")
+        return (adapter, version) if not head and dot and ADAPTER_NAME.fullmatch(adapter) else None
+    name = base.rpartition("/")[2]
+    stem, dot, adapter = name.rpartition(".")
+    return (adapter, version) if dot and stem and ADAPTER_NAME.fullmatch(adapter) else (SHARED, version)
 
 
 class AgentRouting:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .agent_adapters import ADAPTER_NAME, check_adapter_name
 from .trajectories import Trajectory, write_jsonl
 from .untrusted import parse_step
 
@@ -39,8 +40,9 @@ AGENTS_DIR = (
 
 
 def agent_checkpoint_dir(checkpoint: str | Path, adapter: str) -> Path:
-    """Where a checkpoint keeps one agent's adapter (and its optimizer state)."""
-    return Path(checkpoint) / AGENTS_DIR / adapter
+    """Where a checkpoint keeps one agent's adapter (and its optimizer state); a name that is not an adapter name
+    (a path, "..") is refused, so no name read from a request becomes a path outside the checkpoint."""
+    return Path(checkpoint) / AGENTS_DIR / check_adapter_name(adapter)
 
 
 def checkpoint_agents(checkpoint: str | Path) -> list[str]:
@@ -48,7 +50,11 @@ def checkpoint_agents(checkpoint: str | Path) -> list[str]:
     root = Path(checkpoint) / AGENTS_DIR
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "adapter_config.json").is_file())
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if ADAPTER_NAME.fullmatch(p.name) and not p.is_symlink() and (p / "adapter_config.json").is_file()
+    )
 
 
 def serving_files(checkpoint: str | Path) -> list[Path]:

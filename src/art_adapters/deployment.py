@@ -99,6 +99,14 @@ async def deploy_model(
     """Deploy the checkpoint at `checkpoint_path` (step `step` of `model`) with `provider`."""
     if not await asyncio.to_thread(os.path.isdir, checkpoint_path):
         raise FileNotFoundError(f"no checkpoint at {checkpoint_path}")
+    agents = await asyncio.to_thread(_agents_of, checkpoint_path)
+    if agents and (provider == "together" or getattr(config, "merged", False)):
+        raise ValueError(
+            f"checkpoint {checkpoint_path} holds per-agent adapters {agents}: "
+            f"{'Together serves one adapter' if provider == 'together' else 'merging takes one adapter'}, so "
+            "every agent but the shared one would be lost; export the LoRA folders (provider='vllm', "
+            "merged=False), which serve each agent under its own name"
+        )
     if provider == "together":
         if not isinstance(config, TogetherDeploymentConfig):
             raise TypeError("provider 'together' needs config=TogetherDeploymentConfig(s3_bucket=...)")
@@ -279,7 +287,7 @@ def export_checkpoint(
     model: TrainableModel, checkpoint_path: str, step: int, config: VLLMExportConfig
 ) -> DeploymentResult:
     """The checkpoint as files a server loads, and the command that serves them (vLLM's OpenAI server)."""
-    from .checkpoints import TRAINER_ONLY_FILES
+    from .checkpoints import TRAINER_ONLY_FILES, agent_checkpoint_dir
 
     out = Path(config.out_dir)
     name = deployed_name(model, step)
@@ -290,12 +298,22 @@ def export_checkpoint(
         shutil.copytree(
             checkpoint_path, out, ignore=shutil.ignore_patterns(*TRAINER_ONLY_FILES), dirs_exist_ok=True
         )
-        lora = ["--enable-lora", "--max-lora-rank", str(_rank(out)), "--lora-modules", f"{name}={out}"]
+        agents = _agents_of(out)  # per-agent adapters: each served as `{name}.{adapter}`, as in training
+        modules = [f"{name}={out}", *(f"{name}.{a}={agent_checkpoint_dir(out, a)}" for a in agents)]
+        lora = ["--enable-lora", "--max-lora-rank", str(_rank(out)), "--lora-modules", *modules]
+        if agents:
+            lora += ["--max-loras", str(len(modules))]
         command = shlex.join(["vllm", "serve", model.base_model, *lora])
         return DeploymentResult(inference_model_name=name, path=str(out), command=command)
     merge_adapter(model.base_model, checkpoint_path, out)
     command = shlex.join(["vllm", "serve", str(out), "--served-model-name", name])
     return DeploymentResult(inference_model_name=name, path=str(out), command=command)
+
+
+def _agents_of(checkpoint_path: str | Path) -> list[str]:
+    from .checkpoints import checkpoint_agents
+
+    return checkpoint_agents(checkpoint_path)
 
 
 def merge_adapter(base_model: str, checkpoint_path: str, out: Path) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._report_assets import CSS, SCRIPT
+from .report_agents import agents_html, call_adapter
 from .sources import CallSource
 from .trajectories import LLMCall, Trajectory
 
@@ -188,7 +189,9 @@ def where_label(source: CallSource) -> str:
     return label
 
 
-def trajectory_view(t: Trajectory) -> dict[str, Any]:
+def trajectory_view(t: Trajectory, model_key: str | None = None) -> dict[str, Any]:
+    """What the browser shows of a trajectory; each call with the adapter and version that served it (`model_key`,
+    `{project}/{name}`, tells the model's own adapters from other models)."""
     messages = []
     for m in t.messages():
         calls = [
@@ -214,6 +217,8 @@ def trajectory_view(t: Trajectory) -> dict[str, Any]:
             "error": c.error,
             "where": where_label(c.source),
             "version": c.policy_version,
+            "served_model": c.served_model,
+            "adapter": call_adapter(c, model_key),
         }
         for c in t.llm_calls
     ]
@@ -273,10 +278,14 @@ def write_report(model_dir: str | Path, out: str | Path | None = None) -> Path:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     history = read_history(model_dir / "history.jsonl")
     trajectories = read_trajectories(model_dir)
+    model_key = (
+        f"{model_dir.parent.parent.name}/{model_dir.name}" if model_dir.parent.name == "models" else None
+    )
     data = {
         "trajectories": {
             split: {
-                str(step): [trajectory_view(t) for t in items[:MAX_PER_STEP]] for step, items in steps.items()
+                str(step): [trajectory_view(t, model_key) for t in items[:MAX_PER_STEP]]
+                for step, items in steps.items()
             }
             for split, steps in trajectories.items()
         }
@@ -306,6 +315,7 @@ def write_report(model_dir: str | Path, out: str | Path | None = None) -> Path:
 <main>
 <section id="curves"><h2>Curves</h2><div class="charts">{charts_html(history)}</div></section>
 <section id="table"><h2>Per step</h2>{table_html(history)}</section>
+{agents_html(history, trajectories, model_key)}
 <section id="browser"><h2>Trajectories</h2>
 <div class="controls"><label>split <select id="split"></select></label><label>step <select id="step"></select></label>
 <span class="legend">sampled tokens: the redder, the less likely (hover for id and logprob)</span></div>

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..agent_adapters import ADAPTER_NAME
 from ..calls import KEY_SCOPE_HEADER
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
 from ..inference.requests import RequestLimits, RequestRejected, parse_request, read_body
@@ -146,6 +147,7 @@ class ModelRoute:
     key: str
     name: str
     endpoint: InferenceEndpoint
+    agents: bool = False  # per-agent adapters: `{key}.{adapter}` (and `{name}.{adapter}`) reach them too
 
 
 class InferenceProxy:
@@ -170,9 +172,9 @@ class InferenceProxy:
 
     # ---- routing table ---------------------------------------------------------------------------------------
 
-    def add(self, project: str, name: str, endpoint: InferenceEndpoint) -> None:
+    def add(self, project: str, name: str, endpoint: InferenceEndpoint, *, agents: bool = False) -> None:
         key = f"{project}/{name}"
-        self.routes[key] = ModelRoute(key=key, name=name, endpoint=endpoint)
+        self.routes[key] = ModelRoute(key=key, name=name, endpoint=endpoint, agents=agents)
         self.claims.setdefault(name, set()).add(key)
 
     def remove(self, project: str, name: str) -> None:
@@ -185,19 +187,40 @@ class InferenceProxy:
 
     def resolve(self, requested: str) -> tuple[ModelRoute, str] | str:
         """The route a requested name means and the model name to send upstream, or why none (a message that
-        names no other model)."""
+        names no other model). A per-agent model's agents are `{project}/{name}.{adapter}` (or `{name}.{adapter}`),
+        the adapter a valid adapter name: the upstream gateway then answers for the versions it serves."""
         base, at, step = requested.partition("@")
+        route, adapter = self._route(base), ""
+        if route is None:
+            owners = [k for k, r in self.routes.items() if r.agents] + (
+                [] if "/" in base else list(self.claims)
+            )
+            owner = max((o for o in owners if base.startswith(o + ".")), key=len, default=None)
+            route = self._route(owner) if owner is not None else None
+            if isinstance(route, ModelRoute) and not route.agents:
+                route = None
+            elif isinstance(route, ModelRoute):
+                adapter = base[len(owner) + 1 :]  # type: ignore[arg-type]
+                if not ADAPTER_NAME.fullmatch(adapter):
+                    return f"model {requested!r} is not registered on this server ({adapter!r} is not an adapter name)"
+        if isinstance(route, str):
+            return route
+        if route is None:
+            return f"model {requested!r} is not registered on this server"
+        if at and parse_step(step) is None:  # ASCII digits only: `model@²` is no step
+            return f"model {requested!r} is not registered on this server (no such step)"
+        upstream = route.endpoint.model_name + (f".{adapter}" if adapter else "")
+        return route, upstream + (f"@{step}" if at else "")
+
+    def _route(self, base: str) -> ModelRoute | str | None:
+        """The route of `{project}/{name}` or of a bare `name` one project alone uses (else a message why not)."""
         route = self.routes.get(base)
         if route is None and "/" not in base:
             keys = self.claims.get(base, set())
             if len(keys) > 1:
                 return f"model {base!r} is used by more than one project on this server; ask for '{{project}}/{base}'"
             route = self.routes.get(next(iter(keys))) if keys else None
-        if route is None:
-            return f"model {requested!r} is not registered on this server"
-        if at and parse_step(step) is None:  # ASCII digits only: `model@²` is no step
-            return f"model {requested!r} is not registered on this server (no such step)"
-        return route, route.endpoint.model_name + (f"@{step}" if at else "")
+        return route
 
     # ---- forwarding ------------------------------------------------------------------------------------------
 

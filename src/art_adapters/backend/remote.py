@@ -72,12 +72,14 @@ class RemoteBackend(ARTTraining):
     # ---- the protocol -------------------------------------------------------------------------------------
 
     async def register(self, model: Model) -> InferenceEndpoint:
-        if getattr(model, "adapters", None) is not None:
+        per_agent = getattr(model, "adapters", None)
+        if per_agent is not None and not isinstance(per_agent.by, str):
             from ..agent_adapters import UnsupportedPerAgentSetting
 
             raise UnsupportedPerAgentSetting(
-                f"model {model.name!r}: adapters=PerAgent(...) is not supported by RemoteBackend yet (per-agent "
-                "routing, serving and training run with LocalBackend); register it with a LocalBackend"
+                f"model {model.name!r}: PerAgent(by={per_agent.model_dump()['by']}) is a function, and a function "
+                "cannot travel to the server (the registration is JSON): use by='agent', 'node' or 'role' (with "
+                "agents=[...] to pick agents), or a LocalBackend"
             )
         asked = model.inference_settings() if model.trainable else {}  # type: ignore[attr-defined]
         if asked:
@@ -95,6 +97,7 @@ class RemoteBackend(ARTTraining):
         # Inference goes to the URL this client already reaches the server on (a tunnel, a proxy), with the key
         # the server hands out for inference (its inference-only key when it has one).
         key = endpoint.api_key if endpoint.api_key not in ("", "none") else self.api_key or "none"
+        _route_agents(model, endpoint.model_name, data)
         return endpoint.model_copy(update={"base_url": f"{self.base_url}/v1", "api_key": key})
 
     async def get_step(self, model: TrainableModel) -> int:
@@ -115,6 +118,8 @@ class RemoteBackend(ARTTraining):
             "record": record,
         }
         async for event in self._progress("/models/train", body, f"train of model {model.name!r}"):
+            if event.get("event") == "done":
+                _route_agents(model, model.inference_model_name or f"{model.project}/{model.name}", event)
             yield event
 
     async def train_sft_events(
@@ -265,6 +270,13 @@ def _payload(model: Model) -> dict[str, Any]:
     """The model as JSON; the endpoint fields of a trainable model are the server's to set."""
     exclude = {"inference_base_url", "inference_api_key"} if model.trainable else set()
     return model.model_dump(mode="json", exclude=exclude)
+
+
+def _route_agents(model: Model, model_key: str, answer: dict[str, Any]) -> None:
+    """Per-agent adapters: capture routes each agent the server now serves (`answer["agents"]`) to its adapter."""
+    agents = answer.get("agents")
+    if getattr(model, "adapters", None) is not None and isinstance(agents, list):
+        model.route_agents(model_key, [a for a in agents if isinstance(a, str)])  # type: ignore[attr-defined]
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -142,7 +142,7 @@ class _State:
         model.inference_base_url, model.inference_api_key = endpoint.base_url, endpoint.api_key
         self.models[key], self.endpoints[key] = model, endpoint
         if isinstance(model, TrainableModel):  # only what the backend serves is proxied (no relay to any URL)
-            self.proxy.add(model.project, model.name, endpoint)
+            self.proxy.add(model.project, model.name, endpoint, agents=model.adapters is not None)
         return endpoint
 
     async def model(self, model: TrainableModel) -> TrainableModel:
@@ -246,7 +246,7 @@ def create_app(
         base = (public_url or str(request.base_url)).rstrip("/")
         handed = inference_key or "none"  # rollouts sample with the key that cannot train
         answer = endpoint.model_copy(update={"base_url": f"{base}/v1", "api_key": handed})
-        return {**answer.model_dump(), "proxied": True}
+        return {**answer.model_dump(), "proxied": True, **_agents(state, body.model)}
 
     @app.post("/models/step")
     async def get_step(body: ModelRequest) -> dict[str, int]:
@@ -255,14 +255,16 @@ def create_app(
     @app.post("/models/train")
     async def train(body: TrainRequest) -> StreamingResponse:
         model = await _checked(state.model(body.model))
-        return _progress(
-            state,
-            model,
-            lambda: backend.train_events(
-                model, [g.group() for g in body.groups], body.config, record=body.record
-            ),
-            heartbeat_s,
-        )
+        groups = [g.group() for g in body.groups]
+        check = getattr(backend, "check_train", None)  # refused before the stream starts: a 400 naming why
+        if check is not None:
+            await _checked(check(model, groups))
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            async for event in backend.train_events(model, groups, body.config, record=body.record):
+                yield {**event, **_agents(state, model)} if event.get("event") == "done" else event
+
+        return _progress(state, model, events, heartbeat_s)
 
     @app.post("/models/train_sft")
     async def train_sft(body: SFTRequest) -> StreamingResponse:
@@ -316,6 +318,16 @@ def create_app(
 
 
 _END = object()
+
+
+def _agents(state: _State, model: Model) -> dict[str, Any]:
+    """Per-agent adapters: the agents' adapters the server serves now (`{"agents": [...]}`), so the client routes
+    each agent's calls to `{project}/{name}.{adapter}`; nothing for a model without them."""
+    known = state.models.get((model.project, model.name), model)
+    routing = known.agent_routing() if isinstance(known, TrainableModel) else None
+    if routing is None:
+        return {}
+    return {"agents": sorted(routing.served)}
 
 
 def _base_key(base_model: str) -> str:

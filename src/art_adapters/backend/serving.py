@@ -103,6 +103,33 @@ def engine_adapter_room(max_loras: int, model: TrainableModel) -> int | None:
     return room
 
 
+def check_agent_room(state: Registered, max_loras: int | None, groups: list[Any]) -> None:
+    """Before a step starts: the agents its calls would add must fit the engine with those already held, else
+    UnsupportedPerAgentSetting with the numbers (the trainer refuses them too, but a server answers a 400 first)."""
+    from .. import checkpoints
+    from ..agent_adapters import SHARED
+
+    per_agent = state.model.adapters
+    if per_agent is None or max_loras is None:
+        return
+    room = engine_adapter_room(max_loras, state.model) or 0
+    trainer_agents = getattr(state.trainer, "agents", None)
+    held = set(
+        trainer_agents
+        if trainer_agents is not None
+        else checkpoints.checkpoint_agents(checkpoints.checkpoint_dir(state.directory, state.step))
+    )
+    calls = (c for g in groups for t in g.trajectories for c in t.llm_calls)
+    wanted = held | set(per_agent.listed()) | ({per_agent.adapter_of(c.source) for c in calls} - {SHARED})
+    if len(wanted) + 1 > room:
+        raise UnsupportedPerAgentSetting(
+            f"model {state.model.name!r}: this step's calls come from {len(wanted - held)} agents without an "
+            f"adapter yet; with the {len(held)} held and the shared one that is {len(wanted) + 1} adapters, but "
+            f"the engine serves at most {room} at once (max_loras={max_loras} less one loading): raise max_loras, "
+            "or list the agents in PerAgent(agents=...)"
+        )
+
+
 BASE_ADAPTER = "base-adapter"  # in the model folder: step 0 rebuilt once its checkpoint is gone
 
 

@@ -16,7 +16,13 @@ from ..checkpoints import agent_checkpoint_dir, checkpoint_agents
 from ..model import Model, TrainableModel
 from .engine_order import drop_abandoned, move_trainer, release_memory, sleep_engine, to_the_end
 from .placement import placement_of, trainer_settings
-from .serving import Registered, engine_adapter_room, publish_step, served_prompt_logprobs
+from .serving import (
+    Registered,
+    check_agent_room,
+    engine_adapter_room,
+    publish_step,
+    served_prompt_logprobs,
+)
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
@@ -87,6 +93,12 @@ class TrainerHost:
             await self._run_trainer(state, lambda trainer: None)  # loads it, in the shared GPU's order
             await publish_step(state, state.step)
             log.info("model %s resumed from checkpoint %04d", state.name, state.step)
+
+    async def check_train(self, model: TrainableModel, groups: list[Any]) -> None:
+        """What a step on `groups` would be refused for, raised before it starts (the server's 400): per-agent
+        adapters beyond what the engine holds."""
+        state = self._registered(model)
+        check_agent_room(state, getattr(self, "_model_max_loras", {}).get(state.directory), groups)
 
     # ------------------------------------------------------------------ for tests and checks
     async def trainer(self, model: TrainableModel) -> Trainer | ShardedTrainer:

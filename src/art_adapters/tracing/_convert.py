@@ -147,6 +147,8 @@ def generation_obs(
         "url": call.url or None,
         "policy_version": call.policy_version,  # the weights that sampled this call
         "served_model": call.served_model,
+        # the adapter that served it (per-agent adapters: `{project}/{name}.{agent}`), filterable without a version
+        "adapter": call.served_model.partition("@")[0] if call.served_model else None,
     }
     if call.request_tools():
         metadata["tools"] = [(t.get("function") or {}).get("name") for t in call.request["tools"]]

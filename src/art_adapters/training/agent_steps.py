@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..agent_adapters import SHARED, PerAgent, UnsupportedPerAgentSetting
+from ..agent_adapters import AGENT_METRICS, SHARED, PerAgent, UnsupportedPerAgentSetting
 from ..checkpoints import checkpoint_agents
 from ..sources import CallSource
 from ..trajectories import TrajectoryGroup
@@ -23,7 +23,6 @@ log = logging.getLogger("art_adapters.training.per_agent")
 Metrics = dict[str, Any]
 Route = Callable[[CallSource | None], str]  # a call's source -> the adapter it trains (SHARED: "")
 PEFT_SHARED = "default"  # PEFT's name of the shared adapter (the model's own, served as `{project}/{name}`)
-AGENT_METRICS = ("loss", "trained_tokens", "grad_norm", "reward_mean", "trajectories")
 SFT_REFUSED = (
     "train_sft with adapters=PerAgent(...) is not supported yet: it would train only the shared adapter (the "
     "agents' adapters start fresh); warm-start without PerAgent, or train with RL steps"
@@ -183,6 +182,7 @@ def combined_metrics(
             metrics["learning_rate"] = next(iter(trained.values()))["learning_rate"]
             fractions = [m["sampled_token_fraction"] for m in trained.values()]
             metrics["sampled_token_fraction"] = min(fractions)
+            metrics.update(_staleness(list(trained.values())))
             first = next(iter(trained.values()))
             if "trainer_processes" in first:  # the sharded trainer's
                 metrics["trainer_processes"] = first["trainer_processes"]
@@ -197,3 +197,15 @@ def combined_metrics(
             if key in m:
                 metrics[f"agent/{metric_name(adapter)}/{key}"] = m[key]
     return metrics
+
+
+def _staleness(trained: list[Metrics]) -> Metrics:
+    """The step's staleness over every trained adapter's tokens: stale tokens summed, steps off policy per token
+    (the mean weighted by each adapter's trained tokens), the largest stale drop."""
+    tokens = sum(m.get("trained_tokens", 0) for m in trained)
+    off = sum(m.get("token_steps_off_policy", 0.0) * m.get("trained_tokens", 0) for m in trained)
+    return {
+        "stale_tokens": sum(int(m.get("stale_tokens", 0)) for m in trained),
+        "token_steps_off_policy": off / tokens if tokens else 0.0,
+        "max_stale_drop": max(float(m.get("max_stale_drop", 0.0)) for m in trained),
+    }
