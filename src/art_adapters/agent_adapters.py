@@ -121,10 +121,17 @@ def served_name(model_key: str, adapter: str) -> str:
     return model_key if adapter == SHARED else f"{model_key}.{adapter}"
 
 
+def is_adapter_name(adapter: object) -> bool:
+    """Whether `adapter` is a valid adapter name: 1-48 of [A-Za-z0-9_-], not a reserved one ("shared")."""
+    return (
+        isinstance(adapter, str) and ADAPTER_NAME.fullmatch(adapter) is not None and adapter not in RESERVED
+    )
+
+
 def check_adapter_name(adapter: str) -> str:
     """`adapter` if it is a valid adapter name (what a folder or a served name may be built from); else a
     ValueError naming it. Names come from `adapter_name`; a name read from a request or a disk is checked here."""
-    if not isinstance(adapter, str) or not ADAPTER_NAME.fullmatch(adapter) or adapter in RESERVED:
+    if not is_adapter_name(adapter):
         raise ValueError(f"{adapter!r} is not an adapter name (1-48 of [A-Za-z0-9_-], not 'shared')")
     return adapter
 
