@@ -45,3 +45,14 @@ def test_the_messages_still_name_a_short_value() -> None:
         art.PerAgent(by="planer")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"'a' and 'a' name the same adapter"):
         art.PerAgent(agents=["a", "a"])
+
+
+def test_a_misspelt_per_agent_setting_is_refused_not_ignored(url: str) -> None:
+    with pytest.raises(ValueError, match="agnets"):
+        art.PerAgent(agnets=["planner", "executor"])  # type: ignore[call-arg]
+    body = {"model": {"name": "m", "project": "p", "base_model": "tiny", "adapters": {"agnets": ["a"]}}}
+    answer = httpx.post(
+        f"{url}/models/register", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=60
+    )
+    assert answer.status_code == 422
+    assert any("agnets" in e["loc"] for e in answer.json()["detail"])

@@ -65,7 +65,7 @@ class PerAgent(BaseModel):
     None: every key seen gets an adapter, a key first seen mid-run a fresh one (logged) once it has trained.
     A call whose key is None always uses the shared adapter, which is the model's own (`{project}/{name}`)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
 
     by: RouteBy | Callable[[CallSource], str | None] = "agent"
     agents: list[str] | None = Field(default=None)
