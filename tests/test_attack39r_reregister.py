@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import art_adapters as art
+from art_adapters import checkpoints
 from art_adapters.backend.remote import RemoteBackend
 from art_adapters.backend.server import create_app
 from art_adapters.inference import InferenceConfig
@@ -102,3 +103,29 @@ async def test_registering_again_with_other_per_agent_settings_honours_them(
         )  # the agents are served no more
     else:
         assert second.agent_routing() is not None
+
+
+@pytest.mark.train
+async def test_a_rollout_worker_that_never_trains_learns_of_new_agents_at_get_step(serve) -> None:
+    """agents=None: an agent's adapter first appears after a step. The client that trained hears of it in the step's
+    `done` event; a rollout worker (another process: it only samples) must hear of it too, or that agent's calls
+    stay on the shared adapter there for good while its own adapter trains on them."""
+    url, backend, _ = serve
+    trainer_side = per_agent(art.PerAgent(by="role"))
+    await trainer_side.register(RemoteBackend(url, api_key=KEY))
+    worker = per_agent(art.PerAgent(by="role"))
+    await worker.register(RemoteBackend(url, api_key=KEY))
+    assert worker.agent_routing() is not None and worker.agent_routing().served == frozenset()
+    # a step trained agent "a": the trainer holds its adapter and writes it under checkpoints/0001/agents/a
+    (state,) = backend._models.values()
+    trainer = await backend.trainer(state.model)
+    trainer.add_adapter("a")  # type: ignore[union-attr]
+    trainer.step = 1
+    checkpoints.save_checkpoint(state.directory, 1, trainer.save)
+    await backend.resume_from_disk(state.model)
+    assert "p/m.a" in state.gateway.models  # served now
+    assert await worker.get_step() == 1
+    assert worker.agent_routing().served == {"a"}, (
+        "the worker's agent 'a' calls still go to the shared adapter"
+    )
+    assert worker.agent_routing().rewrite("p/m", art.CallSource(role="a")) == "p/m.a"
