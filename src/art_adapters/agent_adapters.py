@@ -28,6 +28,13 @@ RESERVED = frozenset({"shared"})  # the shared adapter's name in the metrics (`a
 AGENT_METRICS = ("loss", "trained_tokens", "grad_norm", "reward_mean", "trajectories")
 
 
+def shown(value: object, limit: int = 64) -> str:
+    """`repr(value)` cut to about `limit` characters: what an error message may quote of a value it refuses (a
+    registration's values come from a client and may be huge; the server never echoes them back whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 12]}...({len(text)} chars)"
+
+
 class UnsupportedPerAgentSetting(ValueError):
     """A setting PerAgent cannot honour yet (RemoteBackend, modules_to_save, Unsloth, ...), refused
     before anything loads."""
@@ -41,7 +48,7 @@ def adapter_name(key: str) -> str:
     (unless their hashes collide), and a run resumes to the same names. Never "." (a PEFT adapter and a served
     name both forbid it there)."""
     if not isinstance(key, str) or not key:
-        raise ValueError(f"an agent key is a non-empty string, not {key!r}")
+        raise ValueError(f"an agent key is a non-empty string, not {shown(key)}")
     if ADAPTER_NAME.fullmatch(key) and key not in RESERVED and not _HASHED.fullmatch(key):
         return key
     stem = _UNSAFE.sub("_", key).strip("_")[:32] or "agent"
@@ -58,7 +65,7 @@ class PerAgent(BaseModel):
     None: every key seen gets an adapter, a key first seen mid-run a fresh one (logged) once it has trained.
     A call whose key is None always uses the shared adapter, which is the model's own (`{project}/{name}`)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
 
     by: RouteBy | Callable[[CallSource], str | None] = "agent"
     agents: list[str] | None = Field(default=None)
@@ -67,9 +74,9 @@ class PerAgent(BaseModel):
     @classmethod
     def _check_by(cls, value: Any) -> Any:
         if isinstance(value, str) and value not in ("agent", "node", "role"):
-            raise ValueError(f"PerAgent(by=...) is 'agent', 'node', 'role' or a function, not {value!r}")
+            raise ValueError(f"PerAgent(by=...) is 'agent', 'node', 'role' or a function, not {shown(value)}")
         if not isinstance(value, str) and not callable(value):
-            raise ValueError(f"PerAgent(by=...) is 'agent', 'node', 'role' or a function, not {value!r}")
+            raise ValueError(f"PerAgent(by=...) is 'agent', 'node', 'role' or a function, not {shown(value)}")
         return value
 
     @model_validator(mode="after")
@@ -82,7 +89,9 @@ class PerAgent(BaseModel):
         for key in self.agents:
             name = adapter_name(key)
             if name in names:
-                raise ValueError(f"PerAgent(agents=...): {key!r} and {names[name]!r} name the same adapter")
+                raise ValueError(
+                    f"PerAgent(agents=...): {shown(key)} and {shown(names[name])} name the same adapter"
+                )
             names[name] = key
         return self
 
@@ -101,7 +110,7 @@ class PerAgent(BaseModel):
         else:
             key = self.by(source)
             if key is not None and not isinstance(key, str):
-                raise TypeError(f"PerAgent(by={self._show_by(self.by)}) returned {key!r}; a str or None")
+                raise TypeError(f"PerAgent(by={self._show_by(self.by)}) returned {shown(key)}; a str or None")
         return key or None
 
     def adapter_of(self, source: CallSource | None) -> str:
@@ -121,11 +130,18 @@ def served_name(model_key: str, adapter: str) -> str:
     return model_key if adapter == SHARED else f"{model_key}.{adapter}"
 
 
+def is_adapter_name(adapter: object) -> bool:
+    """Whether `adapter` is a valid adapter name: 1-48 of [A-Za-z0-9_-], not a reserved one ("shared")."""
+    return (
+        isinstance(adapter, str) and ADAPTER_NAME.fullmatch(adapter) is not None and adapter not in RESERVED
+    )
+
+
 def check_adapter_name(adapter: str) -> str:
     """`adapter` if it is a valid adapter name (what a folder or a served name may be built from); else a
     ValueError naming it. Names come from `adapter_name`; a name read from a request or a disk is checked here."""
-    if not isinstance(adapter, str) or not ADAPTER_NAME.fullmatch(adapter) or adapter in RESERVED:
-        raise ValueError(f"{adapter!r} is not an adapter name (1-48 of [A-Za-z0-9_-], not 'shared')")
+    if not is_adapter_name(adapter):
+        raise ValueError(f"{shown(adapter)} is not an adapter name (1-48 of [A-Za-z0-9_-], not 'shared')")
     return adapter
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .agent_adapters import ADAPTER_NAME, check_adapter_name
+from .agent_adapters import check_adapter_name, is_adapter_name
 from .trajectories import Trajectory, write_jsonl
 from .untrusted import parse_step
 
@@ -53,7 +53,7 @@ def checkpoint_agents(checkpoint: str | Path) -> list[str]:
     return sorted(
         p.name
         for p in root.iterdir()
-        if ADAPTER_NAME.fullmatch(p.name) and not p.is_symlink() and (p / "adapter_config.json").is_file()
+        if is_adapter_name(p.name) and not p.is_symlink() and (p / "adapter_config.json").is_file()
     )
 
 

@@ -269,6 +269,24 @@ def save_pngs(history: list[dict[str, float]], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _model_key(model_dir: Path) -> str | None:
+    """`{project}/{name}` of the run in `model_dir`: from its place (`{project}/models/{name}`), else from its
+    `model.json` (a copied run folder); None when neither says (calls' adapters are then guessed from their names)."""
+    if model_dir.parent.name == "models":
+        return f"{model_dir.parent.parent.name}/{model_dir.name}"
+    try:
+        saved = json.loads((model_dir / "model.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        isinstance(saved, dict)
+        and isinstance(saved.get("project"), str)
+        and isinstance(saved.get("name"), str)
+    ):
+        return f"{saved['project']}/{saved['name']}"
+    return None
+
+
 def write_report(model_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `report.html` (default: in model_dir) and the curves as PNGs beside it; returns the HTML path."""
     model_dir = Path(model_dir)
@@ -278,9 +296,7 @@ def write_report(model_dir: str | Path, out: str | Path | None = None) -> Path:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     history = read_history(model_dir / "history.jsonl")
     trajectories = read_trajectories(model_dir)
-    model_key = (
-        f"{model_dir.parent.parent.name}/{model_dir.name}" if model_dir.parent.name == "models" else None
-    )
+    model_key = _model_key(model_dir)
     data = {
         "trajectories": {
             split: {

@@ -53,6 +53,7 @@ def serve(
     tensor_parallel_size: int | None = None,
     max_seq_len: int | None = None,
     gpu_memory_utilization: float | None = None,
+    max_loras: int | None = None,
 ) -> None:
     """Serve `backend` (default: a LocalBackend on `path`, built only now) until interrupted. With a certificate
     and key it speaks HTTPS (otherwise the key crosses the network in clear: prefer a tunnel or TLS). `limits`
@@ -61,7 +62,9 @@ def serve(
     after 10 s are closed, steps in flight get 120 s. `record` (a store URL: sqlite:///file.db or
     postgresql://...): record mode, every `/v1` call stored, `POST /rewards/{id}` open. On CUDA the engine and
     trainer start from the memory plan (`art-adapters plan`); `inference_gpu_ids`, `replicas`,
-    `tensor_parallel_size`, `max_seq_len` and `gpu_memory_utilization` override its decisions."""
+    `tensor_parallel_size`, `max_seq_len` and `gpu_memory_utilization` override its decisions. `max_loras`: the
+    adapters the engine holds at once (per-agent adapters: each agent's is one; unset, a client's fixed agent list
+    sizes it at the first registration)."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     inference_key = inference_key or os.environ.get(INFERENCE_KEY_ENV) or None
     check_bind(host, api_key)
@@ -90,6 +93,7 @@ def serve(
             "tensor_parallel_size": tensor_parallel_size,
             "max_model_len": max_seq_len,
             "gpu_memory_utilization": gpu_memory_utilization,
+            "max_loras": max_loras,
         }  # only what was given counts as set: the plan decides the rest
         try:
             inference = InferenceConfig(limits=limits, **{k: v for k, v in given.items() if v is not None})
@@ -315,6 +319,14 @@ def serve_command(argv: list[str] | None = None) -> None:
         metavar="FRACTION",
         help="vLLM's share of each inference GPU (default: the plan's)",
     )
+    parser.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        metavar="N",
+        help="LoRA adapters the engine holds at once (per-agent adapters: the shared one and each agent's, plus "
+        "one loading; default 4, or 2 x (agents + 1) for a model that lists its agents)",
+    )
     parser.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", default=None, help="... and this private key (PEM)")
     args = parser.parse_args(argv)
@@ -347,6 +359,7 @@ def serve_command(argv: list[str] | None = None) -> None:
         tensor_parallel_size=args.tensor_parallel_size,
         max_seq_len=args.max_seq_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        max_loras=args.max_loras,
     )
 
 

@@ -163,8 +163,8 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 model.model_dump_json(indent=2, exclude={"inference_api_key", "inference_base_url"}) + "\n"
             )
             state = self._models.get(directory)
-            if state is not None and state.server is server:  # registered again: same trainer, same step
-                state.model = model
+            if state is not None and state.server is server:  # registered again: same step (and trainer)
+                await self._registered_again(state, model)
             else:
                 if (
                     state is not None and state.trainer is not None

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..agent_adapters import ADAPTER_NAME
+from ..agent_adapters import is_adapter_name
 from ..calls import KEY_SCOPE_HEADER
 from ..inference.forward import Forwarded, end_to_end_headers, openai_error
 from ..inference.requests import RequestLimits, RequestRejected, parse_request, read_body
@@ -201,7 +201,7 @@ class InferenceProxy:
                 route = None
             elif isinstance(route, ModelRoute):
                 adapter = base[len(owner) + 1 :]  # type: ignore[arg-type]
-                if not ADAPTER_NAME.fullmatch(adapter):
+                if not is_adapter_name(adapter):
                     return f"model {requested!r} is not registered on this server ({adapter!r} is not an adapter name)"
         if isinstance(route, str):
             return route

@@ -101,7 +101,9 @@ class RemoteBackend(ARTTraining):
         return endpoint.model_copy(update={"base_url": f"{self.base_url}/v1", "api_key": key})
 
     async def get_step(self, model: TrainableModel) -> int:
-        return int((await self._post("/models/step", {"model": _payload(model)}))["step"])
+        answer = await self._post("/models/step", {"model": _payload(model)})
+        _route_agents(model, model.inference_model_name or f"{model.project}/{model.name}", answer)
+        return int(answer["step"])
 
     async def train_events(
         self,

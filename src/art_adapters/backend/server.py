@@ -249,8 +249,9 @@ def create_app(
         return {**answer.model_dump(), "proxied": True, **_agents(state, body.model)}
 
     @app.post("/models/step")
-    async def get_step(body: ModelRequest) -> dict[str, int]:
-        return {"step": await _checked(_step(backend, state, body.model))}
+    async def get_step(body: ModelRequest) -> dict[str, Any]:
+        # with the agents' adapters served now: a rollout worker that never trains routes new agents from here
+        return {"step": await _checked(_step(backend, state, body.model)), **_agents(state, body.model)}
 
     @app.post("/models/train")
     async def train(body: TrainRequest) -> StreamingResponse:

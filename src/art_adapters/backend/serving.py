@@ -98,7 +98,8 @@ def engine_adapter_room(max_loras: int, model: TrainableModel) -> int | None:
         raise UnsupportedPerAgentSetting(
             f"model {model.name!r}: PerAgent(agents=...) lists {listed} agents, so {listed + 1} adapters (with the "
             f"shared one) are served at once, plus one loading: max_loras >= {listed + 2}, but the engine has "
-            f"max_loras={max_loras}; raise InferenceConfig.max_loras (or the model's inference={{'max_loras': ...}})"
+            f"max_loras={max_loras}; raise it: InferenceConfig(max_loras=...) or the model's "
+            "inference={'max_loras': ...} with a LocalBackend, `art-adapters serve --max-loras N` on a server"
         )
     return room
 
@@ -125,8 +126,8 @@ def check_agent_room(state: Registered, max_loras: int | None, groups: list[Any]
         raise UnsupportedPerAgentSetting(
             f"model {state.model.name!r}: this step's calls come from {len(wanted - held)} agents without an "
             f"adapter yet; with the {len(held)} held and the shared one that is {len(wanted) + 1} adapters, but "
-            f"the engine serves at most {room} at once (max_loras={max_loras} less one loading): raise max_loras, "
-            "or list the agents in PerAgent(agents=...)"
+            f"the engine serves at most {room} at once (max_loras={max_loras} less one loading): raise max_loras "
+            "(InferenceConfig, or `art-adapters serve --max-loras N`), or list the agents in PerAgent(agents=...)"
         )
 
 

@@ -94,6 +94,33 @@ class TrainerHost:
             await publish_step(state, state.step)
             log.info("model %s resumed from checkpoint %04d", state.name, state.step)
 
+    async def _registered_again(self, state: Registered, model: TrainableModel) -> None:
+        """`model` (a new instance, e.g. a restarted script's) registered again on the same engine: it takes over
+        the model, and capture routes its agents' calls as the last publish did. Other per-agent settings reload the
+        trainer from the last checkpoint with them (as a resume would, saying what changed): honoured, not ignored."""
+        from .. import checkpoints
+        from .serving import agent_keys
+
+        if state.model.adapters != model.adapters:
+            async with state.lock:
+                log.warning(
+                    "model %s registered again with adapters=%s (was %s): its trainer reloads checkpoint %04d",
+                    state.name,
+                    model.adapters,
+                    state.model.adapters,
+                    state.step,
+                )
+                dropped = agent_keys(state) if model.adapters is None else []
+                await self._drop_trainer(state)
+                state.model = model
+                for key in dropped:  # no longer served: capture and the server's /v1 no longer reach them
+                    await state.gateway.forget(key, None)
+                await self._run_trainer(state, lambda trainer: None)  # loads it, in the shared GPU's order
+        state.model = model
+        model.route_agents(
+            state.name, checkpoints.checkpoint_agents(checkpoints.checkpoint_dir(state.directory, state.step))
+        )
+
     async def check_train(self, model: TrainableModel, groups: list[Any]) -> None:
         """What a step on `groups` would be refused for, raised before it starts (the server's 400): per-agent
         adapters beyond what the engine holds."""
