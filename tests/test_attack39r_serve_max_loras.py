@@ -45,3 +45,25 @@ async def test_too_many_agents_over_serve_names_the_servers_flag(tmp_path: Path)
         with pytest.raises(RemoteBackendError, match=r"art-adapters serve --max-loras") as refused:
             await model.register(RemoteBackend(url, api_key="k"))
     assert refused.value.status == 400
+
+
+async def test_a_callers_agent_list_alone_never_sizes_the_engine_past_the_cap(tmp_path: Path) -> None:
+    """A caller with a valid key listing thousands of agents would size the engine (2 x (N + 1) LoRA slots) and the
+    trainer (N optimizers) as it liked: past the cap it is a 400 naming the operator's flag, before anything starts."""
+    from art_adapters.backend.serving import MAX_AUTO_SIZED_AGENTS, sized_for_agents
+
+    base = str(tiny_model_path())
+    many = [f"a{i}" for i in range(MAX_AUTO_SIZED_AGENTS + 1)]
+    backend = art.LocalBackend(tmp_path / "art")
+    with running(create_app(backend, api_key="k", allowed_base_models=[base])) as url:
+        model = art.TrainableModel(name="m", project="p", base_model=base, adapters=art.PerAgent(agents=many))
+        with pytest.raises(RemoteBackendError, match=r"17 agents.*--max-loras") as refused:
+            await model.register(RemoteBackend(url, api_key="k"))
+    assert refused.value.status == 400 and backend._servers == {}
+    assert not any((tmp_path / "art").rglob("checkpoints"))
+    owner_sized = InferenceConfig(max_loras=2 * (len(many) + 1))  # the owner's own setting is taken as it is
+    assert sized_for_agents(owner_sized, model) is owner_sized
+    at_cap = art.TrainableModel(
+        name="n", project="p", base_model=base, adapters=art.PerAgent(agents=many[:-1])
+    )
+    assert sized_for_agents(InferenceConfig(), at_cap).max_loras == 2 * (MAX_AUTO_SIZED_AGENTS + 1)

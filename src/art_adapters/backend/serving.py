@@ -226,12 +226,22 @@ async def served_prompt_logprobs(server: VLLMServer, model_name: str, token_ids:
     return out
 
 
+MAX_AUTO_SIZED_AGENTS = 16  # 2 x (16 + 1) = 34 LoRA slots: past that the engine's size is its owner's call
+
+
 def sized_for_agents(config: InferenceConfig, model: TrainableModel) -> InferenceConfig:
     """A fixed `PerAgent(agents=...)` list of N: `max_loras` at least 2 x (N + 1) unless set (each adapter's newest
     version and one older still in flight); a setting too small is refused at registration (`engine_adapter_room`)."""
     listed = len(model.adapters.listed()) if model.adapters is not None else 0
     wanted = 2 * (listed + 1)
     if listed and "max_loras" not in config.model_fields_set and config.max_loras < wanted:
+        if listed > MAX_AUTO_SIZED_AGENTS:  # a caller's list alone never sizes the engine past this
+            raise UnsupportedPerAgentSetting(
+                f"PerAgent(agents=...) lists {listed} agents; the engine is sized for at most "
+                f"{MAX_AUTO_SIZED_AGENTS} listed agents unless max_loras is set (each agent holds LoRA slots on the "
+                f"engine and an optimizer in the trainer): set max_loras >= {wanted} yourself "
+                "(InferenceConfig(max_loras=...) with a LocalBackend, `art-adapters serve --max-loras N` on a server)"
+            )
         return config.model_copy(update={"max_loras": wanted})
     return config
 
