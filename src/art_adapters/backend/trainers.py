@@ -15,7 +15,8 @@ from ..agent_adapters import served_name
 from ..checkpoints import agent_checkpoint_dir, checkpoint_agents
 from ..model import Model, TrainableModel
 from .engine_order import drop_abandoned, move_trainer, release_memory, sleep_engine, to_the_end
-from .placement import placement_of, trainer_settings
+from .new_trainer import new_trainer
+from .placement import placement_of
 from .serving import (
     Registered,
     check_agent_room,
@@ -253,59 +254,20 @@ class TrainerHost:
         """
         from .. import checkpoints
 
-        processes = self._trainer_processes(model)
-        gpus = self._trainer_gpus(model)
-        trainer: Trainer | ShardedTrainer
-        engine_max_len = getattr(self, "_model_max_len", {}).get(directory)
         steps = checkpoints.list_steps(directory)
-        if processes > 1 or self.trainer_nodes > 1:
-            from ..training.sharded import ShardedTrainer
-
-            settings = trainer_settings(self._plan(model), ShardedTrainer)
-            if engine_max_len is not None:  # one sequence length, the sharded trainer's too
-                settings["max_seq_len"] = engine_max_len
-            sharded = ShardedTrainer
-            if model.adapters is not None:  # one adapter per agent, each sharded (FSDP2) with its layers
-                from ..training.sharded_agents import ShardedPerAgentTrainer
-
-                sharded = ShardedPerAgentTrainer
-                latest = checkpoints.checkpoint_dir(directory, steps[-1]) if steps else None
-                settings.update(  # the latest checkpoint's agents held from the start: resuming needs no rebuild
-                    per_agent=model.adapters,
-                    max_adapters=self._adapter_room(model, directory),
-                    agents=checkpoint_agents(latest) if latest is not None else [],
-                )
-            trainer = sharded(
-                model.base_model,
-                model.lora,
-                processes=processes,
-                gpu_ids=gpus or None,
-                nodes=self.trainer_nodes,
-                master=self.trainer_master,
-                options=self.trainer_options,
-                **settings,
-            )
-        else:
-            from ..training.trainer import Trainer
-
-            settings = trainer_settings(self._plan(model), Trainer)
-            if engine_max_len is not None:  # one sequence length: the engine's max_model_len, Unsloth's too
-                settings["max_seq_len"] = engine_max_len
-            device = f"cuda:{gpus[0]}" if gpus else None
-            if model.adapters is not None:  # one adapter per agent on the one base (PEFT)
-                from ..training.per_agent import PerAgentTrainer
-
-                settings.pop("engine", None)
-                trainer = PerAgentTrainer(
-                    model.base_model,
-                    model.lora,
-                    per_agent=model.adapters,
-                    max_adapters=self._adapter_room(model, directory),
-                    device=device,
-                    **settings,
-                )
-            else:
-                trainer = Trainer(model.base_model, model.lora, device=device, **settings)
+        latest = checkpoints.checkpoint_dir(directory, steps[-1]) if steps else None
+        trainer = new_trainer(
+            model,
+            processes=self._trainer_processes(model),
+            gpus=self._trainer_gpus(model),
+            plan=self._plan(model),
+            max_seq_len=getattr(self, "_model_max_len", {}).get(directory),
+            adapter_room=self._adapter_room(model, directory),
+            latest_agents=checkpoint_agents(latest) if latest is not None else [],
+            nodes=self.trainer_nodes,
+            master=self.trainer_master,
+            options=self.trainer_options,
+        )
         try:
             if steps:
                 trainer.load(checkpoints.checkpoint_dir(directory, steps[-1]))
