@@ -5,6 +5,7 @@ in the temporary directory (it lives in the trainer's private folder, removed wi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,32 @@ def test_a_rank_killed_while_writing_the_rebuild_checkpoint_leaves_no_copy_behin
     left = sorted(p.name for p in scratch.rglob("art-trainer-grow-*"))
     assert left == [], f"the rebuild's temporary checkpoint outlived the trainer: {left}"
     assert not trainer._folder.exists()
+
+
+def test_a_rebuild_that_cannot_read_its_checkpoint_back_ends_the_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the temporary checkpoint, the processes' model holds fresh adapters: a failure to read the held
+    adapters back (here the folder is gone, an error every process agrees on) must end the processes, so the
+    backend resumes from the last checkpoint; answered and carried on, the trainer would stay alive at the same
+    step with a's trained weights replaced by fresh ones, and the next checkpoint would save those."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
+    )
+    trainer = ShardedPerAgentTrainer(
+        tiny_model_path(),
+        LoRAConfig(rank=4, alpha=8),
+        per_agent=art.PerAgent(by="role"),
+        agents=["a"],
+        processes=2,
+        seed=3,
+        options=FAST,
+        worker_module="attack39s_worker",
+    )
+    try:
+        with pytest.raises(TrainerProcessError):
+            trainer.train_step(calls_by("c"), TrainConfig(learning_rate=1e-4))
+        assert not trainer.alive, "the processes carried on with a's adapter rebuilt fresh"
+    finally:
+        trainer.close()

@@ -42,7 +42,7 @@ from .agent_steps import (
     split_views,
     tell_unlisted,
 )
-from .parallel import agree
+from .parallel import AgreedError, agree
 from .prepare import prepare_groups
 from .tokenize import TrainSequence
 from .trainer import Metrics, Trainer, default_engine
@@ -232,7 +232,10 @@ class PerAgentTrainer(Trainer):
                 torch.cuda.empty_cache()
             self._build_sharded([peft_name(a) for a in sorted([*held, *new])])
             self._sharded_slots([*held, *new])
-            self.load_agents(folder, held)
+            try:
+                self.load_agents(folder, held)
+            except AgreedError as error:  # answered, the processes would go on with fresh adapters: end them
+                raise RuntimeError(f"the rebuilt model could not take back its adapters: {error}") from error
         finally:
             if leader:
                 shutil.rmtree(folder, ignore_errors=True)
