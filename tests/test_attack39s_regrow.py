@@ -102,3 +102,25 @@ def test_a_rebuild_that_cannot_read_its_checkpoint_back_ends_the_processes(
         assert not trainer.alive, "the processes carried on with a's adapter rebuilt fresh"
     finally:
         trainer.close()
+
+
+def test_the_memory_probe_survives_a_rebuild() -> None:
+    """`memory(probe=True)` turns on the probe of resident frozen weights for the next commands; a step that
+    brings a new agent rebuilds the model, and the probe must follow it (not report None, as if never asked)."""
+    trainer = ShardedPerAgentTrainer(
+        tiny_model_path(),
+        LoRAConfig(rank=4, alpha=8),
+        per_agent=art.PerAgent(by="role"),
+        agents=["a"],
+        processes=2,
+        seed=3,
+        options=FAST,
+    )
+    try:
+        trainer.memory(probe=True)
+        metrics = trainer.train_step(calls_by("c"), TrainConfig(learning_rate=1e-4))
+        assert trainer.agents == ["a", "c"] and metrics["agent/c/trained_tokens"] > 0
+        for rank in trainer.memory(probe=False):
+            assert rank["resident_weight_bytes_peak"], rank
+    finally:
+        trainer.close()

@@ -232,6 +232,11 @@ class PerAgentTrainer(Trainer):
                 torch.cuda.empty_cache()
             self._build_sharded([peft_name(a) for a in sorted([*held, *new])])
             self._sharded_slots([*held, *new])
+            if probe is not None:  # a memory probe that was on follows the new model, its peak so far kept
+                from .fsdp import WeightProbe
+
+                self._weight_probe = WeightProbe(self.scorer, self.model)
+                self._weight_probe.peak = probe.peak
             try:
                 self.load_agents(folder, held)
             except AgreedError as error:  # answered, the processes would go on with fresh adapters: end them
