@@ -51,3 +51,10 @@ def test_a_call_only_in_an_additional_history_is_routed_in_the_processes() -> No
     assert process.step == single.step == 1 and process.agents == single.agents == ["a"]
     for key in ("loss", "trained_tokens", "grad_norm"):
         assert answer["metrics"][key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
+
+
+def test_scratch_is_refused_where_it_would_do_nothing() -> None:
+    """Only a sharded process rebuilds its model through a temporary checkpoint: one process given a folder for
+    it is refused, before anything loads."""
+    with pytest.raises(ValueError, match="scratch"):
+        PerAgentTrainer(tiny_model_path(), LORA, per_agent=ROLE, scratch="/tmp")

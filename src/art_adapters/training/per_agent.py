@@ -93,6 +93,10 @@ class PerAgentTrainer(Trainer):
             )
         if engine == "auto" and default_engine() == "unsloth":
             log.info("per-agent adapters: training with PEFT + transformers (not Unsloth)")
+        if scratch is not None and kwargs.get("parallel") is None:
+            raise ValueError(
+                "scratch is where a sharded process rebuilds (parallel=...); one process never does"
+            )
         initial = sorted(set(per_agent.listed() if per_agent is not None else ()) | set(adapters))
         check_room(initial, 1, max_adapters)  # before anything loads
         self._initial = initial
