@@ -2,7 +2,8 @@
 by the PerAgent rule: every call a process can train must be in it. A call held only by one of a trajectory's
 `additional_histories` (a trace read back from Langfuse whose histories name calls beyond the main ones) is
 trained by the one-process trainer; here the sharded step's own command (`worker.run`, as each process runs it)
-trains the same step on a one-process trainer, instead of a KeyError that ends every process."""
+trains the same step on a one-process trainer, instead of refusing every such step with a bare KeyError (an
+error the processes agree on: the trainer stays up, or is reloaded when an adapter had already stepped)."""
 
 from __future__ import annotations
 
