@@ -47,12 +47,15 @@ def source_key(source: CallSource) -> str:
 
 def route_table(per_agent: PerAgent, groups: Iterable[TrajectoryGroup]) -> dict[str, str]:
     """Every distinct source of the groups' calls -> its adapter (`PerAgent.adapter_of` is a function of the
-    source alone, so the table routes exactly as the rule does, `by=function` included)."""
+    source alone, so the table routes exactly as the rule does, `by=function` included). Every call the trainer
+    samples from: the trajectories' and their additional histories' (a trace read back may list calls there
+    only)."""
     return {
         source_key(call.source): per_agent.adapter_of(call.source)
         for group in groups
         for trajectory in group.trajectories
-        for call in trajectory.llm_calls
+        for history in (trajectory, *trajectory.additional_histories)
+        for call in history.llm_calls
         if call.source is not None
     }
 

@@ -184,6 +184,26 @@ def host_env(single_host: bool, token: str, gpu_ids: list[int] | None) -> dict[s
     return env
 
 
+def adapters_flag(text: str) -> tuple[str, ...]:
+    """`--adapters`: the JSON list of adapter names node 0 logs; anything else is a usage error naming it."""
+    import argparse
+
+    from ..agent_adapters import check_adapter_name
+
+    try:
+        names = json.loads(text)
+    except ValueError:
+        names = None
+    if not isinstance(names, list):
+        raise argparse.ArgumentTypeError(
+            f'a JSON list of adapter names as node 0 logs it (\'["a", "b"]\'), not {text!r}'
+        )
+    try:
+        return tuple(check_adapter_name(name) for name in names)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def trainer_worker_command(argv: list[str] | None = None) -> int:
     """`art-adapters trainer-worker`: run this host's share of a sharded trainer (node 1..N-1) until it ends."""
     import argparse
@@ -215,7 +235,10 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
     parser.add_argument("--hsdp", type=int, choices=[0, 1], default=0)
     parser.add_argument("--gpu", type=int, action="append", default=None, help="a GPU to use (repeatable)")
     parser.add_argument(
-        "--adapters", default=None, help="per-agent adapters held from the start, as JSON (node 0 logs it)"
+        "--adapters",
+        type=adapters_flag,
+        default=None,
+        help="per-agent adapters held from the start, as JSON (node 0 logs it)",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.node_rank < args.nodes:
@@ -240,7 +263,7 @@ def trainer_worker_command(argv: list[str] | None = None) -> int:
         activation_checkpointing=bool(args.activation_checkpointing),
         collective_timeout_s=args.collective_timeout,
         hsdp=bool(args.hsdp),
-        adapters=None if args.adapters is None else tuple(json.loads(args.adapters)),
+        adapters=args.adapters,
     )
     folder = Path(tempfile.mkdtemp(prefix="art-trainer-node-"))
     ranks = Ranks(

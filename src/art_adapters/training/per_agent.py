@@ -42,6 +42,7 @@ from .agent_steps import (
     split_views,
     tell_unlisted,
 )
+from .parallel import AgreedError, agree
 from .prepare import prepare_groups
 from .tokenize import TrainSequence
 from .trainer import Metrics, Trainer, default_engine
@@ -69,7 +70,9 @@ class PerAgentTrainer(Trainer):
     sent each step's routes (`route`) and the agents to load by the backend's side (`sharded_agents.py`).
     `adapters`: agents' adapters to hold from the start (besides a fixed list's). `max_adapters`: how many
     adapters (the shared one included) may exist, what the engine can serve at once; an agent beyond it is
-    refused with the numbers before anything loads or trains."""
+    refused with the numbers before anything loads or trains. `scratch`: where a sharded process's rank 0 writes
+    the temporary checkpoint of a rebuild (`_regrow`; the backend's private folder, removed with the trainer even
+    when a process dies mid-rebuild; None: the temporary directory)."""
 
     def __init__(
         self,
@@ -80,6 +83,7 @@ class PerAgentTrainer(Trainer):
         max_adapters: int | None = None,
         adapters: Sequence[str] = (),
         engine: str = "auto",
+        scratch: str | Path | None = None,
         **kwargs: Any,
     ) -> None:
         if engine == "unsloth" or kwargs.get("load_in_4bit"):
@@ -89,9 +93,14 @@ class PerAgentTrainer(Trainer):
             )
         if engine == "auto" and default_engine() == "unsloth":
             log.info("per-agent adapters: training with PEFT + transformers (not Unsloth)")
+        if scratch is not None and kwargs.get("parallel") is None:
+            raise ValueError(
+                "scratch is where a sharded process rebuilds (parallel=...); one process never does"
+            )
         initial = sorted(set(per_agent.listed() if per_agent is not None else ()) | set(adapters))
         check_room(initial, 1, max_adapters)  # before anything loads
         self._initial = initial
+        self.scratch = None if scratch is None else Path(scratch)
         super().__init__(base_model, lora, engine="peft", **kwargs)
         self.per_agent = per_agent
         self.route: Route = per_agent.adapter_of if per_agent is not None else _shared_only
@@ -201,13 +210,19 @@ class PerAgentTrainer(Trainer):
         """FSDP2 shards a module's parameters once, when it wraps them: an adapter added afterwards would be a
         plain tensor on each process that no reduce-scatter syncs. So the model is built again holding every
         adapter (the base read and scattered by rank 0, as at start-up), and the held adapters' state (weights,
-        AdamW moments, step, rng) goes through a checkpoint rank 0 writes to a private temporary folder. A
-        failure to write it is agreed (nothing changed); one past it ends the processes (the backend resumes
-        from the last checkpoint)."""
+        AdamW moments, step, rng) goes through a checkpoint rank 0 writes to a new folder in `scratch`. A
+        failure to make or write it is agreed (nothing changed); one past it ends the processes (the backend
+        resumes from the last checkpoint, and removes `scratch` with what a killed rank 0 left there)."""
         assert self.parallel is not None
         held = self.agents
         leader = self.parallel.leader
-        folder = Path(tempfile.mkdtemp(prefix="art-trainer-grow-")) if leader else Path("art-trainer-grow")
+        folder, error = Path("art-trainer-grow"), None  # only rank 0 writes or reads it
+        if leader:
+            try:
+                folder = Path(tempfile.mkdtemp(prefix="art-trainer-grow-", dir=self.scratch))
+            except OSError as failure:  # a full disk: every process raises it, none aborts
+                error = failure
+        agree(self.parallel, error, group=self.parallel.bounded)
         try:
             self.save(folder)
             for name in ("model", "scorer", "optimizer", "params", "slots"):
@@ -221,7 +236,15 @@ class PerAgentTrainer(Trainer):
                 torch.cuda.empty_cache()
             self._build_sharded([peft_name(a) for a in sorted([*held, *new])])
             self._sharded_slots([*held, *new])
-            self.load_agents(folder, held)
+            if probe is not None:  # a memory probe that was on follows the new model, its peak so far kept
+                from .fsdp import WeightProbe
+
+                self._weight_probe = WeightProbe(self.scorer, self.model)
+                self._weight_probe.peak = probe.peak
+            try:
+                self.load_agents(folder, held)
+            except AgreedError as error:  # answered, the processes would go on with fresh adapters: end them
+                raise RuntimeError(f"the rebuilt model could not take back its adapters: {error}") from error
         finally:
             if leader:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -278,7 +278,12 @@ def main(argv: list[str] | None = None) -> None:
         )
         check_group(parallel, os.environ.get(TOKEN_ENV, ""), mine)
         device = f"cuda:{parallel.local_rank}" if args.device == "cuda" else "cpu"
-        per_agent: dict[str, Any] = {} if adapters is None else {"per_agent": None, "adapters": adapters}
+        per_agent: dict[str, Any] = {}
+        if (
+            adapters is not None
+        ):  # a rebuild's temporary checkpoint goes in the backend's folder, removed with it
+            scratch = os.path.dirname(args.socket) if args.socket else None
+            per_agent = {"per_agent": None, "adapters": adapters, "scratch": scratch}
         trainer = (Trainer if adapters is None else PerAgentTrainer)(
             args.base_model,
             LoRAConfig.model_validate_json(args.lora),
