@@ -10,6 +10,8 @@ ENV = "main"
 CALLS = 2  # per rollout
 SEQUENCES = 1  # per rollout, after chaining
 STREAMED = "every call (run_streamed)"
+# run per agent too: (by, the agents listed, each its own adapter)
+PER_AGENT = ("agent", ["weather"])
 script = react
 
 
