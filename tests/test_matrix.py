@@ -150,7 +150,9 @@ async def test_framework(
         markers = [rollout_of(c.request) for c in trajectory.llm_calls]
         assert markers.count(f"(rollout {k})") == module.CALLS - getattr(module, "UNMARKED", 0), markers
         assert set(markers) <= {f"(rollout {k})", ""}, markers
-        assert all(c.error is None and c.completion_token_ids for c in trajectory.llm_calls)
+        assert all(c.error is None and c.completion_token_ids for c in trajectory.llm_calls), [
+            (source_of(c), c.error, len(c.completion_token_ids or [])) for c in trajectory.llm_calls
+        ]
     sources = [source_of(c) for c in trajectories[0].llm_calls]
     reports = any(c.source.agent or c.source.node_path for c in calls)
     assert reports == hasattr(module, "PER_AGENT"), (

@@ -27,7 +27,7 @@ def table(rows: dict[str, dict]) -> str:
     ]
     for name in FRAMEWORKS:
         row = rows.get(name)
-        if row is None:
+        if row is None or "versions" not in row:  # not run (or only its per-agent run)
             module = importlib.import_module(f"frameworks.{name}")
             lines.append(f"| {module.NAME} | – | not run | | | | | | |")
             continue
@@ -57,8 +57,8 @@ def per_agent_cell(name: str, row: dict) -> str:
 def agents_table(rows: dict[str, dict]) -> str:
     """docs/multi-agent.md's table: each framework of the matrix that reports agents or nodes, run per agent."""
     lines = [
-        "| framework | `by` | agents' adapters (calls / rollout, tokens trained in the step) | shared adapter"
-        " (calls / rollout, from) |",
+        "| framework | `by` | agents' adapters (calls / rollout, tokens trained by the step) | shared adapter"
+        " (the same) |",
         "|---|---|---|---|",
     ]
     for name in FRAMEWORKS:
@@ -74,7 +74,8 @@ def agents_table(rows: dict[str, dict]) -> str:
             f"`{n}` ({a['calls']}, {a['trained_tokens']})" for n, a in adapters.items() if n != "shared"
         )
         shared = adapters.get("shared")
-        kept = f"{shared['calls']}, from {', '.join(run['shared_sources'])}" if shared else "none"
+        sources = ", ".join(run["shared_sources"])
+        kept = f"{shared['calls']}, {shared['trained_tokens']} (calls from {sources})" if shared else "none"
         lines.append(f"| {module.NAME} | `{run['by']}` | {routed} | {kept} |")
     return "\n".join(lines)
 
