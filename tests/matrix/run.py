@@ -6,8 +6,8 @@
 In-process capture (`wrap_rollout`, the adapters' hook) unless the framework's ROUTE is "endpoint" (its requests
 then go to an `art.RecordingEndpoint` URL per rollout). With --per-agent the model is a per-agent TrainableModel
 (`art.PerAgent(by, agents)`) whose routing holds the adapters the test's backend serves (`served`), as the backend
-sets it after registering: capture then sends each call to its agent's adapter. Writes JSON: the versions of the framework's packages,
-each rollout's trajectory (or its error), and the answers.
+sets it after registering: capture then sends each call to its agent's adapter. Writes JSON: the versions of the
+framework's packages, each rollout's trajectory (or its error), and the answers.
 """
 
 from __future__ import annotations

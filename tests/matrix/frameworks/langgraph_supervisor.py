@@ -11,7 +11,7 @@ CALLS = 4  # per rollout
 SEQUENCES = 2  # per rollout, after chaining
 WHY = "one per agent: the worker's first call starts its own"
 STREAMED = "every call"
-# run per agent too: (by, the agents listed, each its own adapter)
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
 # (the supervisor reports no agent name: it stays on the shared adapter)
 PER_AGENT = ("agent", ["weather_expert"])
 HANDOFF = "transfer_to_weather_expert"

@@ -11,7 +11,7 @@ CALLS = 3  # per rollout
 SEQUENCES = 2  # per rollout, after chaining
 WHY = "one per agent: the handoff starts the expert's own"
 STREAMED = "every call"
-# run per agent too: (by, the agents listed, each its own adapter)
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
 PER_AGENT = ("agent", ["triage", "weather_expert"])
 HANDOFF = "transfer_to_weather_expert"
 

@@ -10,7 +10,7 @@ ENV = "main"
 CALLS = 2  # per rollout
 SEQUENCES = 1  # per rollout, after chaining
 STREAMED = "every call (run_streamed)"
-# run per agent too: (by, the agents listed, each its own adapter)
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
 PER_AGENT = ("agent", ["weather"])
 script = react
 
