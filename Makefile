@@ -55,7 +55,8 @@ test: venv-dev
 	$(BIN)/python -m pytest -q -rs --durations=40 --ignore=tests/test_matrix.py $(PYTEST_ARGS)
 
 # The framework matrix: third-party agent frameworks on vLLM, each in its environment (.venv-matrix/, made on
-# first use); `python tests/matrix/table.py` then writes the docs' table from build/matrix.json.
+# first use); `python tests/matrix/table.py` then writes the docs' tables from build/matrix.json (the matrix, and
+# docs/multi-agent.md's frameworks proven routed per agent).
 matrix: venv-dev
 	$(BIN)/python -m pytest -q -rs --durations=20 tests/test_matrix.py $(PYTEST_ARGS)
 

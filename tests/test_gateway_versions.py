@@ -157,3 +157,24 @@ async def test_every_request_ends_its_in_flight_count(
     busy = gateway.busy_seconds()
     await asyncio.sleep(0.2)
     assert gateway.busy_seconds() == busy  # nothing counted as running
+
+
+async def test_each_models_step_0_stays_loaded_when_more_models_than_the_engines_room_register() -> None:
+    """A newly registered model's step 0 is its newest version: never made room for, however full the engine is
+    (found by the per-agent matrix: `newest or -1` took step 0 for no version, so each new model's step 0 was
+    unloaded as soon as the next adapter loaded)."""
+    from art_adapters.inference.versions import VersionTable
+
+    engine: set[str] = set()
+
+    async def load(version: object) -> None:
+        engine.add(version.adapter)  # type: ignore[attr-defined]
+
+    async def unload(version: object) -> None:
+        engine.discard(version.adapter)  # type: ignore[attr-defined]
+
+    table = VersionTable(load, unload, lambda: 2, keep_old_s=60)
+    for model in ("p/a", "p/b", "p/c"):
+        await table.publish(model, model[2:], 0, Path(f"/x/{model}"))
+    await table.publish("p/a", "a", 1, Path("/x/a1"))
+    assert engine == {"p/a@1", "p/b@0", "p/c@0"}  # every model's newest, past the room of 2; a@0 made room

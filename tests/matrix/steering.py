@@ -3,7 +3,8 @@ each request gets a structured-output `choice` + logit bias (`testing.steer`) fo
 says comes next; the engine still samples every token. The capture, upstream of this proxy, sees only the model.
 
 Every exchange is logged with the token ids and logprobs parsed here, independently of the capture, so the test can
-check that each captured call holds exactly what vLLM returned.
+check that each captured call holds exactly what vLLM returned, and with the model vLLM served it by (per-agent
+adapters: which agent's adapter it reached).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Exchange:
     completion_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     request: dict[str, Any] = field(default_factory=dict)
+    served: str = ""  # the model vLLM says it served (its answer's `model`: a LoRA's name, as it received it)
 
 
 class SteeringProxy:
@@ -103,7 +105,12 @@ class SteeringProxy:
                     self.exchanges.append(exchange)
 
         media = upstream.headers.get("content-type", "application/json")
-        return StreamingResponse(chunks(), status_code=upstream.status_code, media_type=media)
+        versions = {
+            k: v for k, v in upstream.headers.items() if k.lower().startswith("x-art-")
+        }  # served_model
+        return StreamingResponse(
+            chunks(), status_code=upstream.status_code, media_type=media, headers=versions
+        )
 
     def start(self) -> SteeringProxy:
         import uvicorn
@@ -148,6 +155,7 @@ def _parse(exchange: Exchange, raw: bytes) -> None:
     else:
         events = [json.loads(raw)]
     for event in events:
+        exchange.served = exchange.served or str(event.get("response", event).get("model") or "")
         if exchange.api == "chat":
             exchange.prompt_token_ids += event.get("prompt_token_ids") or []
             for choice in event.get("choices") or []:

@@ -203,7 +203,7 @@ class VersionTable:
 
     def _is_newest(self, version: Version) -> bool:
         model = self.models.get(version.adapter.rpartition("@")[0])
-        return model is not None and model.versions.get(model.newest or -1) is version
+        return model is not None and model.newest is not None and model.versions.get(model.newest) is version
 
     def pin(self, version: Version) -> None:
         """A request starts on `version` (call under the lock)."""

@@ -12,6 +12,9 @@ CALLS = 6  # per rollout: main, 2 x (sub-agent tool, sub-agent answer), main
 SEQUENCES = 3  # per rollout, after chaining
 WHY = "one per agent: the main agent's and each sub-agent's"
 STREAMED = "every call"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+# (the main agent reports only its node: it stays on the shared adapter)
+PER_AGENT = ("agent", ["weather"])
 UNMARKED = 4  # per rollout: the sub-agents' calls see only their task, not the rollout's question
 
 

@@ -10,6 +10,9 @@ ENV = "main"
 CALLS = 2  # per rollout
 SEQUENCES = 1  # per rollout, after chaining
 STREAMED = "every call"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+# (an agent without a name reports only its node)
+PER_AGENT = ("node", ["model"])
 script = react
 
 

@@ -14,6 +14,9 @@ ENV = "mcp1"
 CALLS = 2  # per rollout
 SEQUENCES = 1  # per rollout, after chaining
 STREAMED = "every call"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+# (an agent without a name reports only its node)
+PER_AGENT = ("node", ["model"])
 SERVER = Path(__file__).parents[3] / "examples" / "mcp_server.py"
 
 

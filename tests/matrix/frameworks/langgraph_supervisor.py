@@ -11,6 +11,9 @@ CALLS = 4  # per rollout
 SEQUENCES = 2  # per rollout, after chaining
 WHY = "one per agent: the worker's first call starts its own"
 STREAMED = "every call"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+# (the supervisor reports no agent name: it stays on the shared adapter)
+PER_AGENT = ("agent", ["weather_expert"])
 HANDOFF = "transfer_to_weather_expert"
 
 

@@ -11,6 +11,8 @@ CALLS = 3  # per rollout
 SEQUENCES = 2  # per rollout, after chaining
 WHY = "one per agent: the handoff starts the expert's own"
 STREAMED = "every call"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+PER_AGENT = ("agent", ["triage", "weather_expert"])
 HANDOFF = "transfer_to_weather_expert"
 
 

@@ -10,6 +10,8 @@ ENV = "main"
 CALLS = 2  # per rollout
 SEQUENCES = 1  # per rollout, after chaining
 STREAMED = "every call (run_streamed)"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+PER_AGENT = ("agent", ["weather"])
 script = react
 
 

@@ -11,6 +11,8 @@ CALLS = 3  # per rollout
 SEQUENCES = 2  # per rollout, after chaining
 WHY = "one per agent: the handoff starts the weather agent's own"
 STREAMED = "every call (run_streamed)"
+# the per-agent run: PerAgent(by, agents), each listed agent its own adapter
+PER_AGENT = ("agent", ["triage", "weather"])
 
 
 def script(body: dict) -> str:
