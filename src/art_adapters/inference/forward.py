@@ -66,7 +66,8 @@ class Forwarded(Response):
     with its status, but an engine's list of the names it serves is never shown (`requested` names the model).
     `recover()`: where the upstream was not there to serve it (unreachable, or an error answer `dead(status, body)`
     says came from a dead engine: nothing was generated, so sending it again is safe), the request to send instead
-    once it is back (None: give up)."""
+    once it is back (None: give up). `gone()`: whether the engine that was sent the request has died, so a connection
+    it dropped before answering (a kept-alive one to a killed process) is sent again too."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class Forwarded(Response):
         on_done: Callable[[], None] | None = None,
         recover: Callable[[], Awaitable[httpx.Request | None]] | None = None,
         dead: Callable[[int, bytes], bool] | None = None,
+        gone: Callable[[], bool] | None = None,
         retries: int = 1,
     ) -> None:
         self.client = client
@@ -87,6 +89,7 @@ class Forwarded(Response):
         self.on_done = on_done
         self.recover = recover
         self.dead = dead
+        self.gone = gone
         self.retries = retries if recover is not None else 0  # how many times `recover()` may be asked
         self.background = None
 
@@ -132,8 +135,12 @@ class Forwarded(Response):
                 response = await self.client.send(self.upstream, stream=True)
             except httpx.HTTPError as error:
                 again = None
-                if self.retries > 0 and isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
-                    self.retries -= 1  # not connected: nothing was sent, so sending it again is safe
+                unsent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))  # nothing was sent
+                dropped = isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
+                if self.retries > 0 and (unsent or (dropped and self.gone is not None and self.gone())):
+                    self.retries -= (
+                        1  # nothing was sent, or its engine died before answering: safe to send again
+                    )
                     again = await self.recover()  # type: ignore[misc]
                 if again is None:
                     await _send_error(send, 502, f"inference server unreachable: {type(error).__name__}")

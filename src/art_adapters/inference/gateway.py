@@ -315,6 +315,7 @@ class Gateway:
             on_done=lambda: self._ended(model, version),
             recover=recover,
             dead=engine_dead,
+            gone=lambda: sent[-1].peer is None and self.server.died,  # the managed engine, killed mid-request
             retries=1 + len(getattr(self.server, "peers", [])),
         )
 

@@ -1,0 +1,70 @@
+"""A connection the engine drops before answering (a kept-alive one to a killed process): sent again once the
+engine is back only when its engine has died; a live engine's dropped request is not sent twice (it may have run)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from art_adapters.inference.forward import Forwarded
+
+pytestmark = pytest.mark.asyncio
+
+
+async def dropping_server() -> tuple[asyncio.Server, str]:
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the request arrived; the process "dies" before answering
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def answer(forwarded: Forwarded) -> tuple[int, bytes]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await forwarded({"type": "http"}, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+@pytest.mark.parametrize("engine_died", [True, False])
+async def test_a_dropped_connection_is_sent_again_only_when_its_engine_died(engine_died: bool) -> None:
+    server, url = await dropping_server()
+    recovered: list[bool] = []
+
+    async def recover() -> httpx.Request:
+        recovered.append(True)
+        return httpx.Request("POST", "http://engine-back/v1/chat/completions", json={})
+
+    class Router(httpx.AsyncBaseTransport):  # the dropping server first, the restarted engine after
+        def __init__(self) -> None:
+            self.real = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host == "engine-back":
+                return httpx.Response(200, stream=httpx.ByteStream(b'{"ok": true}'))
+            return await self.real.handle_async_request(request)
+
+    async with server, httpx.AsyncClient(transport=Router()) as client:
+        forwarded = Forwarded(
+            client,
+            client.build_request("POST", f"{url}/v1/chat/completions", json={}),
+            recover=recover,
+            gone=lambda: engine_died,
+        )
+        status, body = await answer(forwarded)
+    if engine_died:
+        assert (status, recovered) == (200, [True]), body
+    else:
+        assert status == 502 and recovered == [], body
+        assert b"ReadError" in body or b"RemoteProtocolError" in body
