@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,20 @@ def calls_by(role: str) -> list[TrajectoryGroup]:
     ]
 
 
+def trainer_holding_a(**more: Any) -> ShardedPerAgentTrainer:
+    """Two processes holding agent a's adapter (a step on c's calls rebuilds them)."""
+    return ShardedPerAgentTrainer(
+        tiny_model_path(),
+        LoRAConfig(rank=4, alpha=8),
+        per_agent=art.PerAgent(by="role"),
+        agents=["a"],
+        processes=2,
+        seed=3,
+        options=FAST,
+        **more,
+    )
+
+
 def test_a_rank_killed_while_writing_the_rebuild_checkpoint_leaves_no_copy_behind(
     faults: Path,  # noqa: F811
     tmp_path: Path,
@@ -53,15 +68,7 @@ def test_a_rank_killed_while_writing_the_rebuild_checkpoint_leaves_no_copy_behin
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))  # the processes' temporary directory
-    trainer = ShardedPerAgentTrainer(
-        tiny_model_path(),
-        LoRAConfig(rank=4, alpha=8),
-        per_agent=art.PerAgent(by="role"),
-        agents=["a"],
-        processes=2,
-        seed=3,
-        options=FAST,
-    )
+    trainer = trainer_holding_a()
     try:
         assert trainer.agents == ["a"]
         faults.write_text("kill@a 0 train_step")  # rank 0, as it writes a's adapter into the temporary folder
@@ -86,16 +93,7 @@ def test_a_rebuild_that_cannot_read_its_checkpoint_back_ends_the_processes(
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
     )
-    trainer = ShardedPerAgentTrainer(
-        tiny_model_path(),
-        LoRAConfig(rank=4, alpha=8),
-        per_agent=art.PerAgent(by="role"),
-        agents=["a"],
-        processes=2,
-        seed=3,
-        options=FAST,
-        worker_module="attack39s_worker",
-    )
+    trainer = trainer_holding_a(worker_module="attack39s_worker")
     try:
         with pytest.raises(TrainerProcessError):
             trainer.train_step(calls_by("c"), TrainConfig(learning_rate=1e-4))
@@ -107,15 +105,7 @@ def test_a_rebuild_that_cannot_read_its_checkpoint_back_ends_the_processes(
 def test_the_memory_probe_survives_a_rebuild() -> None:
     """`memory(probe=True)` turns on the probe of resident frozen weights for the next commands; a step that
     brings a new agent rebuilds the model, and the probe must follow it (not report None, as if never asked)."""
-    trainer = ShardedPerAgentTrainer(
-        tiny_model_path(),
-        LoRAConfig(rank=4, alpha=8),
-        per_agent=art.PerAgent(by="role"),
-        agents=["a"],
-        processes=2,
-        seed=3,
-        options=FAST,
-    )
+    trainer = trainer_holding_a()
     try:
         trainer.memory(probe=True)
         metrics = trainer.train_step(calls_by("c"), TrainConfig(learning_rate=1e-4))
