@@ -61,6 +61,7 @@ async def test_a_dropped_connection_is_sent_again_only_when_its_engine_died(engi
             client.build_request("POST", f"{url}/v1/chat/completions", json={}),
             recover=recover,
             gone=lambda: engine_died,
+            gone_within_s=0.3,  # a live engine is asked again a while, then its dropped request fails
         )
         status, body = await answer(forwarded)
     if engine_died:
@@ -68,3 +69,41 @@ async def test_a_dropped_connection_is_sent_again_only_when_its_engine_died(engi
     else:
         assert status == 502 and recovered == [], body
         assert b"ReadError" in body or b"RemoteProtocolError" in body
+
+
+async def test_a_dropped_connection_is_sent_again_when_its_engine_is_seen_dead_only_a_moment_later() -> None:
+    """A dying engine's server drops its connections before its process has exited (its engine core died first;
+    a killed process's sockets close before it can be reaped): `gone()` turns true a moment after the drop."""
+    server, url = await dropping_server()
+    dropped_at: list[float] = []
+    recovered: list[bool] = []
+
+    async def recover() -> httpx.Request:
+        recovered.append(True)
+        return httpx.Request("POST", "http://engine-back/v1/chat/completions", json={})
+
+    class Router(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.real = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.host == "engine-back":
+                return httpx.Response(200, stream=httpx.ByteStream(b'{"ok": true}'))
+            try:
+                return await self.real.handle_async_request(request)
+            finally:
+                dropped_at.append(asyncio.get_running_loop().time())
+
+    def gone() -> bool:  # the process is reaped 0.3 s after its connection dropped
+        return bool(dropped_at) and asyncio.get_running_loop().time() - dropped_at[0] > 0.3
+
+    async with server, httpx.AsyncClient(transport=Router()) as client:
+        forwarded = Forwarded(
+            client,
+            client.build_request("POST", f"{url}/v1/chat/completions", json={}),
+            recover=recover,
+            gone=gone,
+            gone_within_s=5.0,
+        )
+        status, body = await answer(forwarded)
+    assert (status, recovered) == (200, [True]), body

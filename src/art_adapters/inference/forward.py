@@ -33,6 +33,7 @@ HOP_HEADERS = frozenset(
     }
 )
 _ERROR_BODY_LIMIT = 64 * 1024
+_GONE_POLL_S = 0.1  # how often `gone()` is asked again after a dropped connection
 _ENGINE_DEAD = re.compile(
     rb"EngineCore encountered an issue|EngineDeadError|engine (?:is )?dead", re.IGNORECASE
 )
@@ -67,7 +68,8 @@ class Forwarded(Response):
     `recover()`: where the upstream was not there to serve it (unreachable, or an error answer `dead(status, body)`
     says came from a dead engine: nothing was generated, so sending it again is safe), the request to send instead
     once it is back (None: give up). `gone()`: whether the engine that was sent the request has died, so a connection
-    it dropped before answering (a kept-alive one to a killed process) is sent again too."""
+    it dropped before answering (a kept-alive one to a killed process) is sent again too; asked again for up to
+    `gone_within_s` (a dying engine's server drops its connections before its process is seen to have exited)."""
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class Forwarded(Response):
         recover: Callable[[], Awaitable[httpx.Request | None]] | None = None,
         dead: Callable[[int, bytes], bool] | None = None,
         gone: Callable[[], bool] | None = None,
+        gone_within_s: float = 0.0,
         retries: int = 1,
     ) -> None:
         self.client = client
@@ -90,6 +93,7 @@ class Forwarded(Response):
         self.recover = recover
         self.dead = dead
         self.gone = gone
+        self.gone_within_s = gone_within_s
         self.retries = retries if recover is not None else 0  # how many times `recover()` may be asked
         self.background = None
 
@@ -137,7 +141,7 @@ class Forwarded(Response):
                 again = None
                 unsent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))  # nothing was sent
                 dropped = isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
-                if self.retries > 0 and (unsent or (dropped and self.gone is not None and self.gone())):
+                if self.retries > 0 and (unsent or (dropped and await self._engine_gone())):
                     self.retries -= (
                         1  # nothing was sent, or its engine died before answering: safe to send again
                     )
@@ -160,6 +164,17 @@ class Forwarded(Response):
             await _send_whole(send, response, self._scrubbed(response.status_code, body), self.extra_headers)
             return None
         raise AssertionError("unreachable: the last try answers")  # pragma: no cover
+
+    async def _engine_gone(self) -> bool:
+        """Whether `gone()` says so now or within `gone_within_s` (bounded: a live engine's drop is not retried)."""
+        if self.gone is None:
+            return False
+        deadline = anyio.current_time() + self.gone_within_s
+        while not self.gone():
+            if anyio.current_time() >= deadline:
+                return False
+            await anyio.sleep(min(_GONE_POLL_S, self.gone_within_s))
+        return True
 
     def _scrubbed(self, status: int, body: bytes) -> bytes:
         """An error body, unless it is the engine's unknown-model answer (which lists every served name)."""

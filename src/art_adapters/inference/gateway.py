@@ -288,6 +288,8 @@ class Gateway:
         headers = {k: v for k, v in end_to_end_headers(request.headers).items() if k != DP_RANK_HEADER}
 
         rollout, sent = request.headers.get(ROLLOUT_HEADER), list[Upstream]()
+        ready = self._ready  # cleared by the watchdog from a death until the restarted engine is back
+        assert ready is not None
 
         def upstream() -> httpx.Request:
             """Routed each time (a restarted engine may listen elsewhere, a peer leave); a rollout sticks to one."""
@@ -315,7 +317,10 @@ class Gateway:
             on_done=lambda: self._ended(model, version),
             recover=recover,
             dead=engine_dead,
-            gone=lambda: sent[-1].peer is None and self.server.died,  # the managed engine, killed mid-request
+            gone=lambda: (
+                sent[-1].peer is None and (self.server.died or not ready.is_set())
+            ),  # killed mid-request
+            gone_within_s=20 * WATCH_EVERY_S,  # as `_restarted`: its server can drop requests before it exits
             retries=1 + len(getattr(self.server, "peers", [])),
         )
 
