@@ -107,3 +107,26 @@ async def test_a_dropped_connection_is_sent_again_when_its_engine_is_seen_dead_o
         )
         status, body = await answer(forwarded)
     assert (status, recovered) == (200, [True]), body
+
+
+async def test_an_engine_that_cannot_be_seen_to_die_is_asked_once() -> None:
+    """`gone()` answering None (another host's engine): its dropped request fails at once, not after the wait."""
+    server, url = await dropping_server()
+    asked: list[bool] = []
+
+    async def recover() -> httpx.Request:
+        raise AssertionError("a request another host's engine dropped is not sent again")
+
+    def gone() -> None:
+        asked.append(True)
+
+    async with server, httpx.AsyncClient() as client:
+        forwarded = Forwarded(
+            client,
+            client.build_request("POST", f"{url}/v1/chat/completions", json={}),
+            recover=recover,
+            gone=gone,
+            gone_within_s=60.0,
+        )
+        status, body = await answer(forwarded)
+    assert (status, asked) == (502, [True]), body

@@ -69,7 +69,8 @@ class Forwarded(Response):
     says came from a dead engine: nothing was generated, so sending it again is safe), the request to send instead
     once it is back (None: give up). `gone()`: whether the engine that was sent the request has died, so a connection
     it dropped before answering (a kept-alive one to a killed process) is sent again too; asked again for up to
-    `gone_within_s` (a dying engine's server drops its connections before its process is seen to have exited)."""
+    `gone_within_s` (a dying engine's server drops its connections before its process is seen to have exited);
+    None: it cannot be seen to die (another host's engine), so it is not asked again."""
 
     def __init__(
         self,
@@ -81,7 +82,7 @@ class Forwarded(Response):
         on_done: Callable[[], None] | None = None,
         recover: Callable[[], Awaitable[httpx.Request | None]] | None = None,
         dead: Callable[[int, bytes], bool] | None = None,
-        gone: Callable[[], bool] | None = None,
+        gone: Callable[[], bool | None] | None = None,
         gone_within_s: float = 0.0,
         retries: int = 1,
     ) -> None:
@@ -170,8 +171,8 @@ class Forwarded(Response):
         if self.gone is None:
             return False
         deadline = anyio.current_time() + self.gone_within_s
-        while not self.gone():
-            if anyio.current_time() >= deadline:
+        while not (dead := self.gone()):
+            if dead is None or anyio.current_time() >= deadline:
                 return False
             await anyio.sleep(min(_GONE_POLL_S, self.gone_within_s))
         return True

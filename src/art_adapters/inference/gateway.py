@@ -317,9 +317,9 @@ class Gateway:
             on_done=lambda: self._ended(model, version),
             recover=recover,
             dead=engine_dead,
-            gone=lambda: (
-                sent[-1].peer is None and (self.server.died or not ready.is_set())
-            ),  # killed mid-request
+            gone=lambda: (  # the managed engine killed mid-request (a peer's death is not seen here)
+                None if sent[-1].peer is not None else self.server.died or not ready.is_set()
+            ),
             gone_within_s=20 * WATCH_EVERY_S,  # as `_restarted`: its server can drop requests before it exits
             retries=1 + len(getattr(self.server, "peers", [])),
         )
