@@ -49,7 +49,7 @@ def adapter_name(key: str) -> str:
     name both forbid it there)."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"an agent key is a non-empty string, not {shown(key)}")
-    if ADAPTER_NAME.fullmatch(key) and key not in RESERVED and not _HASHED.fullmatch(key):
+    if is_adapter_name(key) and not _HASHED.fullmatch(key):
         return key
     stem = _UNSAFE.sub("_", key).strip("_")[:32] or "agent"
     return f"{stem}-{hashlib.blake2b(key.encode(), digest_size=4).hexdigest()}"

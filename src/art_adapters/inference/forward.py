@@ -143,9 +143,8 @@ class Forwarded(Response):
                 unsent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))  # nothing was sent
                 dropped = isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
                 if self.retries > 0 and (unsent or (dropped and await self._engine_gone())):
-                    self.retries -= (
-                        1  # nothing was sent, or its engine died before answering: safe to send again
-                    )
+                    # nothing was sent, or its engine died before answering: safe to send again
+                    self.retries -= 1
                     again = await self.recover()  # type: ignore[misc]
                 if again is None:
                     await _send_error(send, 502, f"inference server unreachable: {type(error).__name__}")
