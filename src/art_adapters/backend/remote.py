@@ -97,12 +97,12 @@ class RemoteBackend(ARTTraining):
         # Inference goes to the URL this client already reaches the server on (a tunnel, a proxy), with the key
         # the server hands out for inference (its inference-only key when it has one).
         key = endpoint.api_key if endpoint.api_key not in ("", "none") else self.api_key or "none"
-        _route_agents(model, endpoint.model_name, data)
+        _route_agents(model, data, endpoint.model_name)
         return endpoint.model_copy(update={"base_url": f"{self.base_url}/v1", "api_key": key})
 
     async def get_step(self, model: TrainableModel) -> int:
         answer = await self._post("/models/step", {"model": _payload(model)})
-        _route_agents(model, model.inference_model_name or f"{model.project}/{model.name}", answer)
+        _route_agents(model, answer)
         return int(answer["step"])
 
     async def train_events(
@@ -121,7 +121,7 @@ class RemoteBackend(ARTTraining):
         }
         async for event in self._progress("/models/train", body, f"train of model {model.name!r}"):
             if event.get("event") == "done":
-                _route_agents(model, model.inference_model_name or f"{model.project}/{model.name}", event)
+                _route_agents(model, event)
             yield event
 
     async def train_sft_events(
@@ -274,11 +274,13 @@ def _payload(model: Model) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude=exclude)
 
 
-def _route_agents(model: Model, model_key: str, answer: dict[str, Any]) -> None:
-    """Per-agent adapters: capture routes each agent the server now serves (`answer["agents"]`) to its adapter."""
+def _route_agents(model: Model, answer: dict[str, Any], model_key: str | None = None) -> None:
+    """Per-agent adapters: capture routes each agent the server now serves (`answer["agents"]`) to its adapter
+    under `model_key` (default: the name the model is served as, `{project}/{name}` before it is known)."""
     agents = answer.get("agents")
     if getattr(model, "adapters", None) is not None and isinstance(agents, list):
-        model.route_agents(model_key, [a for a in agents if isinstance(a, str)])  # type: ignore[attr-defined]
+        key = model_key or model.inference_model_name or f"{model.project}/{model.name}"
+        model.route_agents(key, [a for a in agents if isinstance(a, str)])  # type: ignore[attr-defined]
 
 
 def _encode(body: dict[str, Any]) -> bytes:
