@@ -31,12 +31,17 @@ def new_trainer(
     """A fresh trainer for `model`. `max_seq_len`: the engine's max_model_len, so both cut sequences alike;
     `adapter_room`: how many adapters the engine holds (per-agent); `latest_agents`: the agents the latest
     checkpoint holds (the sharded per-agent trainer starts with them, so resuming needs no rebuild)."""
+
+    def settings_for(trainer_class: type) -> dict[str, Any]:
+        settings = trainer_settings(plan, trainer_class)
+        if max_seq_len is not None:
+            settings["max_seq_len"] = max_seq_len
+        return settings
+
     if processes > 1 or nodes > 1:
         from ..training.sharded import ShardedTrainer
 
-        settings: dict[str, Any] = trainer_settings(plan, ShardedTrainer)
-        if max_seq_len is not None:
-            settings["max_seq_len"] = max_seq_len
+        settings = settings_for(ShardedTrainer)
         sharded = ShardedTrainer
         if model.adapters is not None:  # one adapter per agent, each sharded (FSDP2) with its layers
             from ..training.sharded_agents import ShardedPerAgentTrainer
@@ -55,9 +60,7 @@ def new_trainer(
         )
     from ..training.trainer import Trainer
 
-    settings = trainer_settings(plan, Trainer)
-    if max_seq_len is not None:
-        settings["max_seq_len"] = max_seq_len
+    settings = settings_for(Trainer)
     device = f"cuda:{gpus[0]}" if gpus else None
     if model.adapters is not None:  # one adapter per agent on the one base (PEFT)
         from ..training.per_agent import PerAgentTrainer
