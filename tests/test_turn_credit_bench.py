@@ -74,3 +74,28 @@ def test_summary_pairs_seeds_and_counts_steps_to_reach(bench: ModuleType, capsys
     )  # neighbours averaged
     assert "| trajectory | 0.500 (3 seeds) |" in out
     assert bench.steps_to_reach([0.0, 0.1], 0.9) is None
+
+
+def calls_of(trajectory: Any) -> list[str]:
+    return [
+        call["function"]["name"]
+        for m in trajectory.messages_and_choices
+        if isinstance(m, dict) and m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+    ]
+
+
+def test_the_warm_start_calls_until_the_chain_completes_or_the_turns_run_out(bench: ModuleType) -> None:
+    """Every example keeps calling (no example stops early, so the warm-started agent does too); right_rate=1 is the
+    chain itself, and at 0.2 the right share sits between chance (1/4) and the chain."""
+    assert {tuple(calls_of(t)) for t in bench.warm_start(16, seed=0, right_rate=1.0)} == {tuple(bench.CHAIN)}
+    examples = bench.warm_start(400, seed=0, right_rate=0.2)
+    complete = 0
+    for trajectory in examples:
+        names, done = calls_of(trajectory), 0
+        for name in names:
+            done += done < len(bench.CHAIN) and name == bench.CHAIN[done]
+        assert done == len(bench.CHAIN) or len(names) == bench.MAX_TURNS
+        assert done < len(bench.CHAIN) or names[-1] == bench.CHAIN[-1]  # stops at the chain's end
+        complete += done == len(bench.CHAIN)
+    assert 0.1 < complete / len(examples) < 0.6  # about 0.32 for p = 0.4 a call over 5 turns
