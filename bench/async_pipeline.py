@@ -153,19 +153,35 @@ def arms(args: argparse.Namespace) -> dict[str, tuple[int, dict[str, Any]]]:
     return out
 
 
-def paired_interval(differences: list[float]) -> tuple[float, float, float]:
-    """Mean and 95 % t-interval of paired differences (one per seed)."""
+# Student's t, two-sided 95 %, for 1-30 degrees of freedom (to 4 decimals)
+T95 = [12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
+       2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+       2.0518, 2.0484, 2.0452, 2.0423]  # fmt: skip
+
+
+def t95(df: int) -> float:
+    """The t quantile; past 30 degrees of freedom its Cornish-Fisher expansion around the normal one."""
+    if df <= len(T95):
+        return T95[df - 1]
     from statistics import NormalDist
 
+    z = NormalDist().inv_cdf(0.975)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def paired_interval(differences: list[float]) -> tuple[float, float, float]:
+    """Mean and 95 % t-interval of paired differences (one per seed)."""
     n = len(differences)
     mean = statistics.mean(differences)
     if n < 2:
         return mean, float("nan"), float("nan")
-    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(
-        n, NormalDist().inv_cdf(0.975)
-    )
-    half = t * statistics.stdev(differences) / n**0.5
+    half = t95(n - 1) * statistics.stdev(differences) / n**0.5
     return mean, mean - half, mean + half
+
+
+def rows_of(saved: Any) -> list[dict[str, Any]]:
+    """A --json file's rows: a list, or an object that keeps them beside how they were made ({"rows": [...]})."""
+    return saved["rows"] if isinstance(saved, dict) else saved
 
 
 def summarize(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -210,7 +226,7 @@ def main() -> None:
     parser.add_argument("--summarize", default=None, help="only print the tables of a --json file")
     args = parser.parse_args()
     if args.summarize:
-        summarize(json.loads(Path(args.summarize).read_text()), args)
+        summarize(rows_of(json.loads(Path(args.summarize).read_text())), args)
         return
     from art_adapters.training.quiet import quiet_import_notes
 
@@ -218,8 +234,9 @@ def main() -> None:
     rows = asyncio.run(run(args))
     if args.json:
         path = Path(args.json)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(previous + rows, indent=1))
+        saved = json.loads(path.read_text()) if path.exists() else []
+        rows_of(saved).extend(rows)  # appended, beside whatever the file says of how they were made
+        path.write_text(json.dumps(saved, indent=1))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     sync = [r["success"] for r in rows if r["mode"] == "sync"]
     print(

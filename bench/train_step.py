@@ -4,7 +4,8 @@ the sharded path (FSDP2) on 2 processes vs 1: a real data-parallel step (several
 held during a step.
 
 Same tiny model, LoRA config, prompts, completions and group size; each side runs in its own subprocess.
-Usage: `python bench/train_step.py [--steps 8] [--prompts 4] [--group 8] [--tokens 32] [--repeats 2]`
+`ours-peft+guard` is ours-peft with the step guard on (TrainConfig(max_token_drop=0.7)): what the guard costs a step.
+Usage: `python bench/train_step.py [--steps 8] [--prompts 4] [--group 8] [--tokens 32] [--repeats 2] [--kinds ...]`
 """
 
 from __future__ import annotations
@@ -306,6 +307,8 @@ def _torch_lm_head_for_trl() -> None:
 def worker(kind: str, data_path: Path, steps: int) -> None:
     data = json.loads(data_path.read_text())
     engine, _, guard = kind.removeprefix("ours-").partition("+")
+    if guard not in ("", "guard"):
+        sys.exit(f"unknown kind {kind!r}: the one suffix is '+guard' (e.g. ours-peft+guard)")
     if kind == "trl":
         result = run_trl(data, steps)
     else:  # "ours-peft+guard": the same step with the step guard on (what it costs)
@@ -387,7 +390,7 @@ def main() -> None:
         bound = sum(r["guarded"] for r in results["ours-peft+guard"])
         timed = sum(len(r["times"]) for r in results["ours-peft+guard"])
         print(f"- the step guard (max_token_drop={GUARD}) vs none: {guarded / plain:.2f}x step time; it bound on "
-              f"{bound} of {timed} steps (its measuring forward is the cost when it does not)")  # fmt: skip
+              f"{bound} of {timed} steps (a copy of the weights and a measuring forward: its cost when it does not)")  # fmt: skip
     sharded = {k: r for k, r in results.items() if k.startswith("ours-fsdp2")}
     if not sharded:
         return

@@ -98,7 +98,8 @@ class TrainConfig(BaseModel):
         description=(
             "The step guard (off by default): when one update lowers a trained token's probability by more than "
             "this (p before - p after, measured by one no-grad forward after the optimizer step), the update is "
-            "scaled back to fit, halving up to 3 times (metrics: step_scale, guarded)."
+            "scaled back along its line to delta/drop, then halved while still above, at most 3 tries (it can end "
+            "a little above; metrics: step_scale, guarded, max_token_drop)."
         ),
     )
     measure_token_drop: bool = Field(
