@@ -28,8 +28,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return await over_seeds(args, run_seed, "bench-async-")
 
 
-async def over_seeds(args: argparse.Namespace, run_seed: Any, prefix: str) -> list[dict[str, Any]]:
-    """`run_seed(args, backend, seed)` for each of the run's seeds on one LocalBackend in a temporary folder."""
+async def over_seeds(
+    args: argparse.Namespace, run_seed: Any, prefix: str, on_seed: Any = None
+) -> list[dict[str, Any]]:
+    """`run_seed(args, backend, seed)` for each of the run's seeds on one LocalBackend in a temporary folder;
+    `on_seed(rows)` after each (save them: a later seed's failure then loses only that seed)."""
     import art_adapters as art
     from art_adapters.inference import InferenceConfig
 
@@ -38,7 +41,10 @@ async def over_seeds(args: argparse.Namespace, run_seed: Any, prefix: str) -> li
     rows: list[dict[str, Any]] = []
     try:
         for seed in range(args.seed_offset, args.seed_offset + args.seeds):
-            rows += await run_seed(args, backend, seed)
+            seed_rows = await run_seed(args, backend, seed)
+            rows += seed_rows
+            if on_seed is not None:
+                on_seed(seed_rows)
     finally:
         await backend.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -179,6 +185,15 @@ def paired_interval(differences: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Add `rows` to a --json file (either shape), written whole to a temporary file and renamed over it."""
+    saved = json.loads(path.read_text()) if path.exists() else []
+    rows_of(saved).extend(rows)
+    scratch = path.with_name(path.name + ".partial")
+    scratch.write_text(json.dumps(saved, indent=1))
+    scratch.replace(path)
+
+
 def rows_of(saved: Any) -> list[dict[str, Any]]:
     """A --json file's rows: a list, or an object that keeps them beside how they were made ({"rows": [...]})."""
     return saved["rows"] if isinstance(saved, dict) else saved
@@ -234,9 +249,7 @@ def main() -> None:
     rows = asyncio.run(run(args))
     if args.json:
         path = Path(args.json)
-        saved = json.loads(path.read_text()) if path.exists() else []
-        rows_of(saved).extend(rows)  # appended, beside whatever the file says of how they were made
-        path.write_text(json.dumps(saved, indent=1))
+        append_rows(path, rows)  # beside whatever the file says of how they were made
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     sync = [r["success"] for r in rows if r["mode"] == "sync"]
     print(

@@ -9,15 +9,16 @@ normalised before they go back to the model, so rollouts that made the same choi
 states repeat across a group, which GiGPO's step groups need. Every arm sees the same rewards ("trajectory" trains on
 their sum); only the estimator differs.
 
-Reported: mean training success per step (each step's rollouts, over seeds), the final evaluation's success, each
-arm's paired difference to "trajectory" with a 95 % t-interval over seeds, and the steps each arm takes to reach the
-"trajectory" arm's final success (the issue's goal: the better of turn/GiGPO within 0.7x the steps).
+Reported: mean training success per step (each step's rollouts, over seeds); each arm's paired difference to
+"trajectory" with a 95 % t-interval over seeds, on the final evaluation (128 rollouts), on the last 3 steps and on the
+mean over all steps; and the steps each arm's trailing 3-step mean takes to reach "trajectory"'s final one (the goal:
+the better of turn/GiGPO within 0.7x the steps; not decidable unless "trajectory" learned, +0.1 over its first step).
 The warm start (192 SFT steps) teaches the multi-turn call format, calling until the chain completes or the turns
 run out; each call is the right tool with p = 0.2, else one of the four at random (right 40 % of the time in all):
 about 0.16 success at step 1 in a one-seed probe.
-Usage: python bench/turn_credit.py [--steps 12] [--group-size 8] [--seeds 6] [--eval-samples 8] [--gamma 1.0]
+Usage: python bench/turn_credit.py [--steps 12] [--group-size 8] [--seeds 6] [--eval-samples 32] [--gamma 1.0]
        [--gigpo-weight 1.0] [--right-rate 0.2] [--warm-epochs 48] [--arms trajectory turn gigpo]
-       [--json rows.json] [--seed-offset 0] | --summarize rows.json
+       [--json rows.json] [--seed-offset 0] | --summarize rows.json [more.json ...]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_pipeline import over_seeds, paired_interval  # noqa: E402 - the bench's shared helpers
+from async_pipeline import append_rows, over_seeds, paired_interval, rows_of  # noqa: E402 - shared helpers
 
 CHAIN = ["query", "day", "capital"]
 TOOL_DESCRIPTIONS = {
@@ -159,8 +160,16 @@ def success_of(groups: list[Any], metric: str = "success") -> float:
     return statistics.mean(t.metrics[metric] for g in groups for t in g.trajectories)
 
 
+SETTINGS = ("steps", "group_size", "eval_samples", "learning_rate", "gamma", "gigpo_weight", "right_rate",
+            "warm_epochs")  # fmt: skip
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return await over_seeds(args, run_seed, "bench-turns-")
+    def save(rows: list[dict[str, Any]]) -> None:  # each seed as it ends: a later failure loses only its own
+        if args.json:
+            append_rows(Path(args.json), rows)
+
+    return await over_seeds(args, run_seed, "bench-turns-", on_seed=save)
 
 
 def config_of(arm: str, args: argparse.Namespace, seed: int) -> Any:
@@ -181,11 +190,12 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
 
     lora = art.LoRAConfig(rank=16, alpha=32)
     base = str(tiny_model_path())
+    arms = [arm for arm in ARMS if arm in args.arms]
     models = {
         arm: art.TrainableModel(name=f"chain-{seed}-{arm}", project="bench", base_model=base, lora=lora)
-        for arm in ARMS
+        for arm in arms
     }
-    first = models[ARMS[0]]
+    first = models[arms[0]]
     await first.register(backend)
     await first.train_sft(
         warm_start(64, seed, args.right_rate),
@@ -199,10 +209,8 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
             await model.register(backend)
     rows = []
     for arm, model in models.items():
-        if arm not in args.arms:
-            continue
         config = config_of(arm, args, seed)
-        curve, progress, trained = [], [], []
+        curve, progress, trained, grad_norm = [], [], [], []
         for k in range(args.steps):
             groups = await art.gather_trajectory_groups(
                 groups_for(model, args.group_size, (seed + 1) * 1_000_003 + k * 10_007), pbar_desc=None
@@ -211,6 +219,7 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
             progress.append(success_of(groups, "progress"))
             result = await model.train(groups, config=config)
             trained.append(int(result.get("trained_tokens", 0)))  # 0: every group's rewards were equal
+            grad_norm.append(float(result.get("grad_norm", math.nan)))
         evaluation = await art.gather_trajectory_groups(
             groups_for(model, args.eval_samples, 7919 + seed), pbar_desc=None
         )
@@ -221,6 +230,8 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
                 "curve": curve,
                 "progress": progress,
                 "trained_tokens": trained,
+                "grad_norm": grad_norm,
+                "settings": {name: getattr(args, name) for name in SETTINGS},
                 "success": success_of(evaluation),
                 "eval_progress": success_of(evaluation, "progress"),
             }
@@ -233,13 +244,42 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
     return rows
 
 
+WINDOW = 3  # steps in the trailing mean that smooths a success curve (32 rollouts a step)
+LEARNED = 0.1  # "trajectory" must end this far above its first step for "steps to reach it" to mean anything
+
+
+def trailing(curve: list[float], k: int) -> float:
+    """The mean of step k (0-based) and the WINDOW - 1 steps before it: no look-ahead."""
+    return statistics.mean(curve[max(k - WINDOW + 1, 0) : k + 1])
+
+
 def steps_to_reach(curve: list[float], target: float) -> int | None:
-    """The first step (1-based) whose success, averaged with its neighbours, reaches `target` (None: never)."""
-    for k in range(len(curve)):
-        window = curve[max(k - 1, 0) : k + 2]
-        if statistics.mean(window) >= target:
-            return k + 1
-    return None
+    """The first step (1-based) whose trailing mean reaches `target` (None: never)."""
+    return next((k + 1 for k in range(len(curve)) if trailing(curve, k) >= target), None)
+
+
+def load_rows(paths: list[str]) -> list[dict[str, Any]]:
+    """The rows of one or more --json files; refuses a seed run twice or rows made with different settings."""
+    rows = [row for path in paths for row in rows_of(json.loads(Path(path).read_text()))]
+    seen: set[tuple[str, int]] = set()
+    for row in rows:
+        key = (row["arm"], row["seed"])
+        if key in seen:
+            sys.exit(f"{key[0]!r} seed {key[1]} appears twice in {paths}: keep one run of each seed")
+        seen.add(key)
+    settings = {json.dumps(row.get("settings"), sort_keys=True) for row in rows}
+    if len(settings) > 1:
+        sys.exit(f"rows made with different settings cannot be compared: {sorted(settings)}")
+    return rows
+
+
+def paired_cell(by: dict[tuple[str, int], Any], arm: str, seeds: list[int], value: Any) -> str:
+    """`value(row)` of `arm` minus that of "trajectory", paired by seed, with its 95 % t-interval."""
+    paired = [s for s in seeds if (arm, s) in by and ("trajectory", s) in by]
+    if arm == "trajectory" or not paired:
+        return ""
+    mean, low, high = paired_interval([value(by[(arm, s)]) - value(by[("trajectory", s)]) for s in paired])
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def summarize(rows: list[dict[str, Any]]) -> None:
@@ -247,45 +287,59 @@ def summarize(rows: list[dict[str, Any]]) -> None:
     by = {(r["arm"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
     steps = min(len(r["curve"]) for r in rows)
-    mean_curve = {
-        arm: [
-            statistics.mean(by[(arm, s)]["curve"][k] for s in seeds if (arm, s) in by) for k in range(steps)
-        ]
-        for arm in arms
-    }
-    mean_progress = {
-        arm: [
-            statistics.mean(
-                by[(arm, s)].get("progress", [math.nan] * steps)[k] for s in seeds if (arm, s) in by
-            )
-            for k in range(steps)
-        ]
-        for arm in arms
-    }
+
+    def mean_over_seeds(arm: str, key: str, k: int) -> float:
+        return statistics.mean(by[(arm, s)].get(key, [math.nan] * steps)[k] for s in seeds if (arm, s) in by)
+
+    mean_curve = {arm: [mean_over_seeds(arm, "curve", k) for k in range(steps)] for arm in arms}
     print(f"\nmean training success per step (chain progress in brackets; {len(seeds)} seeds)\n")
     print("| step | " + " | ".join(arms) + " |")
     print("|---:|" + "---:|" * len(arms))
     for k in range(steps):
-        cells = [f"{mean_curve[a][k]:.3f} ({mean_progress[a][k]:.3f})" for a in arms]
+        cells = [f"{mean_curve[a][k]:.3f} ({mean_over_seeds(a, 'progress', k):.3f})" for a in arms]
         print(f"| {k + 1} | " + " | ".join(cells) + " |")
-    target = statistics.mean(mean_curve["trajectory"][-2:]) if "trajectory" in arms else float("nan")
-    print(f"\n'trajectory' final training success (mean of its last 2 steps): {target:.3f}\n")
+
+    def last(row: dict[str, Any]) -> float:  # each seed's success over its last WINDOW steps
+        return statistics.mean(row["curve"][steps - WINDOW : steps])
+
+    def area(row: dict[str, Any]) -> float:  # each seed's mean success over all steps: how fast it learned
+        return statistics.mean(row["curve"][:steps])
+
     print(
-        "| arm | eval success (mean) | paired diff vs trajectory [95 % CI] | steps to reach trajectory's final |"
+        f"\n| arm | eval success (mean) | paired diff vs trajectory, eval [95 % CI] | last {WINDOW} steps [95 % CI] | "
+        "mean over all steps [95 % CI] | steps to reach trajectory's final |"
     )
-    print("|---|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|")
+    reach: dict[str, int | None] = {}
+    target = trailing(mean_curve["trajectory"], steps - 1) if "trajectory" in arms else math.nan
+    learned = "trajectory" in arms and target >= mean_curve["trajectory"][0] + LEARNED
     for arm in arms:
         success = [by[(arm, s)]["success"] for s in seeds if (arm, s) in by]
-        paired = [s for s in seeds if (arm, s) in by and ("trajectory", s) in by]
-        diffs = [by[(arm, s)]["success"] - by[("trajectory", s)]["success"] for s in paired]
-        mean, low, high = paired_interval(diffs) if diffs else (float("nan"),) * 3
-        reach = steps_to_reach(mean_curve[arm], target) if target > 0 else None
-        reached = f"{reach} ({reach / steps:.2f}x of {steps})" if reach else "not reached"
-        if target <= 0:
-            reached = "n/a: 'trajectory' never succeeded"
+        reach[arm] = steps_to_reach(mean_curve[arm], target) if learned else None
+        reached = f"{reach[arm]} ({reach[arm] / steps:.2f}x of {steps})" if reach[arm] else "not reached"
+        if not learned:
+            reached = (
+                "n/a: 'trajectory' did not learn" if "trajectory" in arms else "n/a: no 'trajectory' arm"
+            )
         print(
             f"| {arm} | {statistics.mean(success):.3f} ({len(success)} seeds) | "
-            f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] | {reached} |"
+            f"{paired_cell(by, arm, seeds, lambda r: r['success'])} | {paired_cell(by, arm, seeds, last)} | "
+            f"{paired_cell(by, arm, seeds, area)} | {reached} |"
+        )
+    if not learned:
+        print(f"\ngoal not decidable: 'trajectory' did not end {LEARNED} above its first step")
+        return
+    print(
+        f"\n'trajectory' final training success (trailing mean of its last {WINDOW} steps): {target:.3f}, "
+        f"from {mean_curve['trajectory'][0]:.3f} at step 1"
+    )
+    contenders = {arm: reach[arm] for arm in ("turn", "gigpo") if arm in arms}
+    if contenders:
+        best = min(contenders, key=lambda a: contenders[a] or steps + 1)
+        within = contenders[best] is not None and contenders[best] <= 0.7 * steps
+        print(
+            f"goal (the better of turn/GiGPO reaches it within 0.7x the steps): {'met' if within else 'not met'}"
+            f" -- {best} at {contenders[best] or 'never'} of {steps} steps (on the mean curve, no interval)"
         )
 
 
@@ -293,7 +347,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--eval-samples", type=int, default=8)
+    parser.add_argument(
+        "--eval-samples", type=int, default=32, help="rollouts per scenario at the end (4 scenarios)"
+    )
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--right-rate", type=float, default=0.2, help="the warm start's share of right calls")
@@ -304,21 +360,16 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=1.0)
     parser.add_argument("--gigpo-weight", type=float, default=1.0)
     parser.add_argument("--seed-offset", type=int, default=0, help="first seed (split a long run in parts)")
-    parser.add_argument("--json", default=None, help="also write the rows here (appends to an existing file)")
-    parser.add_argument("--summarize", default=None, help="only print the tables of a --json file")
+    parser.add_argument("--json", default=None, help="also write each seed's rows here as it ends (appends)")
+    parser.add_argument("--summarize", nargs="+", default=None, help="only print the tables of --json files")
     args = parser.parse_args()
     if args.summarize:
-        summarize(json.loads(Path(args.summarize).read_text()))
+        summarize(load_rows(args.summarize))
         return
     from art_adapters.training.quiet import quiet_import_notes
 
     quiet_import_notes()
-    rows = asyncio.run(run(args))
-    if args.json:
-        path = Path(args.json)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(previous + rows, indent=1))
-    summarize(rows)
+    summarize(asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

@@ -53,3 +53,14 @@ def test_summarize_reads_both_file_shapes(bench: ModuleType, capsys: pytest.Capt
         bench.summarize(bench.rows_of(saved), args)
     out = capsys.readouterr().out
     assert "+0.011 [-0.014, +0.036]" in out  # the figure docs/async.md gives for two steps off-policy
+
+
+def test_append_rows_keeps_either_shape_and_leaves_no_partial_file(bench: ModuleType, tmp_path: Path) -> None:
+    listed, described = tmp_path / "list.json", tmp_path / "described.json"
+    bench.append_rows(listed, [{"seed": 0}])
+    bench.append_rows(listed, [{"seed": 1}])
+    described.write_text(json.dumps({"commit": "abc", "rows": [{"seed": 0}]}))
+    bench.append_rows(described, [{"seed": 1}])
+    assert json.loads(listed.read_text()) == [{"seed": 0}, {"seed": 1}]
+    assert json.loads(described.read_text()) == {"commit": "abc", "rows": [{"seed": 0}, {"seed": 1}]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["described.json", "list.json"]

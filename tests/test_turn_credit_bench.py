@@ -3,6 +3,7 @@ repaired mistakes, normalised tool calls so states repeat) and its paired summar
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,18 +63,52 @@ async def test_rollout_rewards_each_call_and_the_chain(
     assert all(m["tool_calls"][0]["function"]["arguments"] == "{}" for m in sent)
 
 
-def test_summary_pairs_seeds_and_counts_steps_to_reach(bench: ModuleType, capsys: Any) -> None:
+def chain_rows(turn_curve: list[float], trajectory_curve: list[float]) -> list[dict[str, Any]]:
     rows = []
     for seed in range(3):
-        rows.append({"seed": seed, "arm": "trajectory", "curve": [0.0, 0.2, 0.4, 0.6], "success": 0.5})
-        rows.append({"seed": seed, "arm": "turn", "curve": [0.2, 0.5, 0.6, 0.7], "success": 0.5 + 0.1 * seed})
-    bench.summarize(rows)
+        rows.append({"seed": seed, "arm": "trajectory", "curve": trajectory_curve, "success": 0.5})
+        rows.append({"seed": seed, "arm": "turn", "curve": turn_curve, "success": 0.5 + 0.1 * seed})
+    return rows
+
+
+def test_summary_pairs_seeds_and_counts_steps_to_reach(bench: ModuleType, capsys: Any) -> None:
+    bench.summarize(chain_rows([0.2, 0.5, 0.6, 0.7], [0.0, 0.2, 0.4, 0.6]))
     out = capsys.readouterr().out
+    # eval: diffs 0, 0.1, 0.2 (t with 2 df); last 3 steps: 0.6 - 0.4 every seed; all steps: 0.5 - 0.3; the trailing
+    # 3-step mean of "turn" first reaches trajectory's final trailing mean (0.4) at step 3
     assert (
-        "| turn | 0.600 (3 seeds) | +0.100 [-0.148, +0.348] | 3 (0.75x of 4) |" in out
-    )  # neighbours averaged
+        "| turn | 0.600 (3 seeds) | +0.100 [-0.148, +0.348] | +0.200 [+0.200, +0.200] | +0.200 [+0.200, +0.200] "
+        "| 3 (0.75x of 4) |" in out
+    )
     assert "| trajectory | 0.500 (3 seeds) |" in out
+    assert (
+        "goal (the better of turn/GiGPO reaches it within 0.7x the steps): not met -- turn at 3 of 4" in out
+    )
+
+
+def test_steps_to_reach_does_not_look_ahead(bench: ModuleType) -> None:
+    assert bench.steps_to_reach([0.0, 0.0, 0.9, 0.0], 0.3) == 3  # a centred window would say step 2
     assert bench.steps_to_reach([0.0, 0.1], 0.9) is None
+
+
+def test_no_verdict_when_trajectory_did_not_learn(bench: ModuleType, capsys: Any) -> None:
+    """A flat "trajectory" makes every arm "reach" its final at once: that is not an answer to the goal."""
+    bench.summarize(chain_rows([0.16, 0.17, 0.15, 0.16], [0.16, 0.15, 0.17, 0.16]))
+    out = capsys.readouterr().out
+    assert "n/a: 'trajectory' did not learn" in out and "goal not decidable" in out
+    assert "within 0.7x the steps): met" not in out
+
+
+def test_load_rows_refuses_a_seed_twice_and_mixed_settings(bench: ModuleType, tmp_path: Path) -> None:
+    row = {"seed": 0, "arm": "turn", "curve": [0.1], "success": 0.1, "settings": {"learning_rate": 1e-3}}
+    (tmp_path / "a.json").write_text(json.dumps([row]))
+    (tmp_path / "b.json").write_text(json.dumps({"commit": "x", "rows": [{**row, "seed": 1}]}))
+    assert len(bench.load_rows([str(tmp_path / "a.json"), str(tmp_path / "b.json")])) == 2
+    with pytest.raises(SystemExit, match="appears twice"):
+        bench.load_rows([str(tmp_path / "a.json"), str(tmp_path / "a.json")])
+    (tmp_path / "c.json").write_text(json.dumps([{**row, "seed": 2, "settings": {"learning_rate": 5e-4}}]))
+    with pytest.raises(SystemExit, match="different settings"):
+        bench.load_rows([str(tmp_path / "a.json"), str(tmp_path / "c.json")])
 
 
 def calls_of(trajectory: Any) -> list[str]:
