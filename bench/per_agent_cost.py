@@ -15,9 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from async_pipeline import append_rows, rows_of  # noqa: E402 - the benches' shared helpers
 
 PROMPTS = ["Plan the order.", "What next?", "Handle the refund.", "Check the stock."]
 
@@ -167,16 +171,14 @@ def main() -> None:
     parser.add_argument("--summarize", default=None, help="only print the tables of a --json file")
     args = parser.parse_args()
     if args.summarize:
-        summarize(json.loads(Path(args.summarize).read_text()))
+        summarize(rows_of(json.loads(Path(args.summarize).read_text())))
         return
     from art_adapters.training.quiet import quiet_import_notes
 
     quiet_import_notes()
     row = run(args)
     if args.json:
-        path = Path(args.json)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(previous + [row], indent=1))
+        append_rows(Path(args.json), [row])
     summarize([row])
 
 

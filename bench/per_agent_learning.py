@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_pipeline import paired_interval  # noqa: E402 - the bench's one paired-interval helper
+from async_pipeline import append_rows, paired_interval, rows_of  # noqa: E402 - the benches' shared helpers
 
 PROMPTS = ["Plan the order.", "What next?", "Handle the refund.", "Check the stock."]
 WANTED = {"planner": range(0, 96), "executor": range(96, 192)}
@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--summarize", default=None, help="only print the tables of a --json file")
     args = parser.parse_args()
     if args.summarize:
-        summarize(json.loads(Path(args.summarize).read_text()))
+        summarize(rows_of(json.loads(Path(args.summarize).read_text())))
         return
     from art_adapters.training.quiet import quiet_import_notes
 
@@ -210,9 +210,7 @@ def main() -> None:
             rows.append(run_arm(arm, seed, args))
             print(f"seed {seed} {arm}: success {rows[-1]['curve'][0]:.3f} -> {rows[-1]['curve'][-1]:.3f}")
     if args.json:
-        path = Path(args.json)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(previous + rows, indent=1))
+        append_rows(Path(args.json), rows)
     summarize(rows)
 
 

@@ -327,7 +327,8 @@ def summarize(rows: list[dict[str, Any]]) -> None:
             f"{paired_cell(by, arm, seeds, area)} | {reached} |"
         )
     if not learned:
-        print(f"\ngoal not decidable: 'trajectory' did not end {LEARNED} above its first step")
+        why = f"did not end {LEARNED} above its first step" if "trajectory" in arms else "was not run"
+        print(f"\ngoal not decidable: 'trajectory' {why}")
         return
     print(
         f"\n'trajectory' final training success (trailing mean of its last {WINDOW} steps): {target:.3f}, "
