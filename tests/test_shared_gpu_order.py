@@ -135,6 +135,17 @@ class FakeTrainer:
             raise RuntimeError("failed after the update")
         return {"loss": 0.5}
 
+    def sft_step(self, batch: Any, config: Any) -> dict[str, Any]:
+        assert id(self) in self.ledger.on_gpu and not self.ledger.engine_holds, "SFT off the GPU or beside the engine"
+        self.ledger.note("sft")
+        self.sft_batches = getattr(self, "sft_batches", 0) + 1
+        self.training.set()
+        if self.gate is not None and self.sft_batches == 2:
+            self.gate.wait(30)
+        if self.fail == f"sft batch {self.sft_batches}":
+            raise RuntimeError("out of memory in the forward")
+        return {"loss": 1.0 / self.sft_batches, "trained_tokens": 3}
+
     def save(self, directory: Path) -> Path:
         assert id(self) in self.ledger.on_gpu or self.ledger.engine_holds is False
         self.ledger.note("save")
@@ -328,3 +339,63 @@ def test_a_trainer_moves_its_state_and_close_frees_it(monkeypatch: pytest.Monkey
     del params, tensors
     trainer.close()
     assert model() is None and trainer.step == 0  # no reference left: the memory is free
+
+
+def sft_backend(tmp_path: Path, ledger: Ledger, trainer: FakeTrainer) -> tuple[LocalBackend, art.TrainableModel]:
+    backend = LocalBackend(tmp_path / "art")
+    state = shared_state(tmp_path, ledger, trainer)
+    state.directory = backend.model_dir(state.model)
+    state.directory.mkdir(parents=True)
+    backend._models[state.directory] = state
+    return backend, state.model  # type: ignore[return-value]
+
+
+SFT_ROWS = [
+    art.Trajectory(messages_and_choices=[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}])
+    for i in range(6)
+]
+
+
+async def test_an_sft_run_hands_the_gpu_over_once_and_streams_each_batch(tmp_path: Path, ledger: Ledger) -> None:
+    backend, model = sft_backend(tmp_path, ledger, offloaded(ledger))
+    events = [e async for e in backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2))]
+    assert [e["event"] for e in events] == ["started", "batch", "batch", "batch", "done"]
+    assert [e["loss"] for e in events[1:4]] == [1.0, 0.5, 1 / 3] and events[-1]["metrics"]["final_loss"] == 1 / 3
+    assert ledger.events == ["sleep", "empty_cache", "reload", "sft", "sft", "sft", "save", "offload",
+                             "empty_cache", "wake", "load_adapter"]  # fmt: skip
+    assert events[-1]["step"] == 1 and events[-1]["metrics"]["trained_tokens"] == 9
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+async def test_an_sft_run_failing_drops_the_trainer_once_weights_moved(
+    tmp_path: Path, ledger: Ledger, batch: int
+) -> None:
+    trainer = offloaded(ledger, fail=f"sft batch {batch}")
+    backend, model = sft_backend(tmp_path, ledger, trainer)
+    state = backend._registered(model)
+    seen: list[str] = []
+    with pytest.raises(RuntimeError, match="batch 2 of 3, after 1 batches" if batch == 2 else "out of memory"):
+        async for event in backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2)):
+            seen.append(event["event"])
+    assert seen == ["started", "batch"] if batch == 2 else ["started"]
+    assert ledger.events[-1] == "wake" and "save" not in ledger.events and state.step == 0
+    assert (state.trainer is None) == (batch == 2)  # the first batch's failure moved nothing: the trainer stays
+
+
+async def test_an_sft_run_whose_caller_stops_ends_after_its_batch_and_saves_nothing(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    trainer = offloaded(ledger)
+    trainer.gate = threading.Event()  # batch 2 waits here
+    backend, model = sft_backend(tmp_path, ledger, trainer)
+    state = backend._registered(model)
+    events = backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2))
+    assert [(await anext(events))["event"] for _ in range(2)] == ["started", "batch"]
+    closing = asyncio.ensure_future(events.aclose())  # the caller goes away during batch 2
+    await asyncio.sleep(0.1)
+    trainer.gate.set()
+    await closing
+    assert state.abandoned is not None
+    await state.abandoned
+    assert trainer.sft_batches == 2 and state.trainer is None and state.step == 0  # batch 3 never ran
+    assert ledger.events[-3:] == ["close", "empty_cache", "wake"] and "save" not in ledger.events

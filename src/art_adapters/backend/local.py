@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from .serving import (
     serve_checkpoint,
     sized_for_agents,
 )
+from .sft_run import Report, run_batches, streamed
 from .trainers import TrainerHost, cuda_devices
 
 if TYPE_CHECKING:
@@ -260,38 +262,30 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
             from ..training.prepare import sft_batches
 
             batches = list(sft_batches(list(trajectories), config))
+            if batches:
+                config.rate(0, len(batches))  # a list of rates of the wrong length: refused before any step
             yield {
                 "event": "started",
                 "step": step,
                 "trajectories": len(trajectories),
                 "batches": len(batches),
             }
-            losses: list[float] = []
-            tokens = 0
-            for i, batch in enumerate(batches or [None]):
-                last = (
-                    i == max(len(batches), 1) - 1
-                )  # the SFT run is one checkpoint, saved with the last batch
-                rate = config.rate(i, len(batches)) if batches else config.learning_rate
-                settings = config.model_copy(update={"learning_rate": rate})
-                part = await self._run_trainer(
+            # one trainer job for the whole run: a shared GPU changes hands once, not once per batch
+            metrics: dict[str, Any] = {}
+
+            def start(report: Report, stop: threading.Event) -> Awaitable[dict[str, Any]]:
+                return self._run_trainer(
                     state,
-                    lambda t, b=batch, c=settings, end=last: _sft_part(t, b, c, end),  # type: ignore[misc]
-                    save=(lambda done: False) if last else None,
+                    lambda trainer: run_batches(trainer, batches, config, report, stop),
+                    save=lambda done: False,
                 )
-                if batch is None:
-                    break
-                losses.append(float(part.get("loss", 0.0)))
-                tokens += int(part.get("trained_tokens", 0))
-                yield {"event": "batch", "step": step, "batch": i + 1, "of": len(batches), "loss": losses[-1]}
-            metrics = {
-                "loss": sum(losses) / max(len(losses), 1),
-                "final_loss": losses[-1] if losses else 0.0,
-                "batches": len(batches),
-                "trained_tokens": tokens,
-                "trajectories": len(trajectories),
-                "step_seconds": time.perf_counter() - started,
-            }
+
+            async for event in streamed(start):
+                if event["event"] == "result":
+                    metrics = event["metrics"]
+                else:
+                    yield {**event, "step": step}
+            metrics.update(trajectories=len(trajectories), step_seconds=time.perf_counter() - started)
             checkpoints.append_history(state.directory, {"step": step, "split": "sft", **metrics})
             yield {"event": "done", "step": state.step, "metrics": metrics}
 
@@ -429,12 +423,3 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                 )
             config = config.model_copy(update={"max_lora_rank": rank})
         return sized_for_agents(config, model)
-
-
-def _sft_part(trainer: Any, batch: list[Trajectory] | None, config: SFTConfig, last: bool) -> dict[str, Any]:
-    """One SFT batch (None: an SFT run with no batches); the last advances the step counter (sft_step leaves it
-    alone) so the run saves as one new checkpoint."""
-    part = trainer.sft_step(batch, config) if batch is not None else {}
-    if last:
-        trainer.step += 1
-    return part

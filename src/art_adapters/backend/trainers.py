@@ -24,6 +24,7 @@ from .serving import (
     publish_step,
     served_prompt_logprobs,
 )
+from .sft_run import UnsavedWeights
 
 if TYPE_CHECKING:
     from ..config import ShardedTrainerOptions
@@ -362,8 +363,9 @@ class TrainerHost:
                     drop_abandoned(running, trainer, state.server if shared else None)
                 )
                 raise
-            except BaseException:
-                if trainer.step != before or not getattr(trainer, "alive", True):
+            except BaseException as error:
+                moved = trainer.step != before or isinstance(error, UnsavedWeights)
+                if moved or not getattr(trainer, "alive", True):
                     # the weights moved but no checkpoint holds them, or it died
                     await self._drop_trainer(state)
                 raise

@@ -17,6 +17,7 @@ from torch import nn
 
 from .logprobs import token_logprobs
 from .parallel import Parallel, broadcast_tensor, scatter_into
+from .shared_prefix import decoder_hidden
 from .weights import CheckpointReader
 
 _DEFAULT = "default"  # PEFT's first adapter (the shared one)
@@ -31,6 +32,9 @@ class Scorer(nn.Module):
         super().__init__()
         self.lm = lm
         self.chunk_tokens = chunk_tokens
+        self.share_prefix = (
+            False  # rows' common prefix run once (`shared_prefix`): the one-process PEFT trainer
+        )
 
     def forward(
         self,
@@ -42,7 +46,7 @@ class Scorer(nn.Module):
     ) -> torch.Tensor:
         """The logprob of `chosen[i]` after `positions[i]` of row `rows[i]`, its logits divided by
         `temperatures[i]` (fp32)."""
-        hidden = self.lm.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden = decoder_hidden(self.lm.get_decoder(), input_ids, self.share_prefix)
         head = self.lm.get_output_embeddings()
         return token_logprobs(head, hidden[rows, positions], chosen, temperatures, self.chunk_tokens)
 

@@ -132,6 +132,8 @@ class Trainer(TrainerParts):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if parallel is None:
             self.scorer = Scorer(self.model.get_base_model())
+            # Unsloth's patched forward and FSDP2's per-layer hooks are not run twice in one forward here
+            self.scorer.share_prefix = self.engine == "peft" and not gradient_checkpointing
         self.scorer.chunk_tokens = self.logprob_chunk_tokens
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # sharded: its DTensors
         fused = self.device.type == "cuda" and parallel is None
