@@ -67,6 +67,7 @@ bench: venv-dev
 	$(BIN)/python bench/capture_overhead.py
 	$(BIN)/python bench/rollout_throughput.py
 	$(BIN)/python bench/train_step.py
+	$(BIN)/python bench/shared_prefix.py
 	$(BIN)/python bench/fidelity.py
 	$(BIN)/python bench/async_pipeline.py
 	$(BIN)/python bench/replicas.py
