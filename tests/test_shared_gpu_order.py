@@ -136,7 +136,9 @@ class FakeTrainer:
         return {"loss": 0.5}
 
     def sft_step(self, batch: Any, config: Any) -> dict[str, Any]:
-        assert id(self) in self.ledger.on_gpu and not self.ledger.engine_holds, "SFT off the GPU or beside the engine"
+        assert id(self) in self.ledger.on_gpu and not self.ledger.engine_holds, (
+            "SFT off the GPU or beside the engine"
+        )
         self.ledger.note("sft")
         self.sft_batches = getattr(self, "sft_batches", 0) + 1
         self.training.set()
@@ -341,7 +343,9 @@ def test_a_trainer_moves_its_state_and_close_frees_it(monkeypatch: pytest.Monkey
     assert model() is None and trainer.step == 0  # no reference left: the memory is free
 
 
-def sft_backend(tmp_path: Path, ledger: Ledger, trainer: FakeTrainer) -> tuple[LocalBackend, art.TrainableModel]:
+def sft_backend(
+    tmp_path: Path, ledger: Ledger, trainer: FakeTrainer
+) -> tuple[LocalBackend, art.TrainableModel]:
     backend = LocalBackend(tmp_path / "art")
     state = shared_state(tmp_path, ledger, trainer)
     state.directory = backend.model_dir(state.model)
@@ -351,16 +355,21 @@ def sft_backend(tmp_path: Path, ledger: Ledger, trainer: FakeTrainer) -> tuple[L
 
 
 SFT_ROWS = [
-    art.Trajectory(messages_and_choices=[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}])
+    art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]
+    )
     for i in range(6)
 ]
 
 
-async def test_an_sft_run_hands_the_gpu_over_once_and_streams_each_batch(tmp_path: Path, ledger: Ledger) -> None:
+async def test_an_sft_run_hands_the_gpu_over_once_and_streams_each_batch(
+    tmp_path: Path, ledger: Ledger
+) -> None:
     backend, model = sft_backend(tmp_path, ledger, offloaded(ledger))
     events = [e async for e in backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2))]
     assert [e["event"] for e in events] == ["started", "batch", "batch", "batch", "done"]
-    assert [e["loss"] for e in events[1:4]] == [1.0, 0.5, 1 / 3] and events[-1]["metrics"]["final_loss"] == 1 / 3
+    assert [e["loss"] for e in events[1:4]] == [1.0, 0.5, 1 / 3]
+    assert events[-1]["metrics"]["final_loss"] == 1 / 3
     assert ledger.events == ["sleep", "empty_cache", "reload", "sft", "sft", "sft", "save", "offload",
                              "empty_cache", "wake", "load_adapter"]  # fmt: skip
     assert events[-1]["step"] == 1 and events[-1]["metrics"]["trained_tokens"] == 9
@@ -374,12 +383,15 @@ async def test_an_sft_run_failing_drops_the_trainer_once_weights_moved(
     backend, model = sft_backend(tmp_path, ledger, trainer)
     state = backend._registered(model)
     seen: list[str] = []
-    with pytest.raises(RuntimeError, match="batch 2 of 3, after 1 batches" if batch == 2 else "out of memory"):
+    with pytest.raises(
+        RuntimeError, match="batch 2 of 3, after 1 batches" if batch == 2 else "out of memory"
+    ):
         async for event in backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2)):
             seen.append(event["event"])
-    assert seen == ["started", "batch"] if batch == 2 else ["started"]
+    assert seen == (["started", "batch"] if batch == 2 else ["started"])
     assert ledger.events[-1] == "wake" and "save" not in ledger.events and state.step == 0
-    assert (state.trainer is None) == (batch == 2)  # the first batch's failure moved nothing: the trainer stays
+    # the first batch's failure moved nothing: the trainer stays
+    assert (state.trainer is None) == (batch == 2)
 
 
 async def test_an_sft_run_whose_caller_stops_ends_after_its_batch_and_saves_nothing(
