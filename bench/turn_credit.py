@@ -197,7 +197,7 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
     }
     first = models[arms[0]]
     await first.register(backend)
-    await first.train_sft(
+    warm = await first.train_sft(
         warm_start(64, seed, args.right_rate),
         config=art.SFTConfig(learning_rate=5e-3, epochs=args.warm_epochs, batch_size=16, seed=seed),
     )
@@ -234,6 +234,8 @@ async def run_seed(args: argparse.Namespace, backend: Any, seed: int) -> list[di
                 "settings": {name: getattr(args, name) for name in SETTINGS},
                 "success": success_of(evaluation),
                 "eval_progress": success_of(evaluation, "progress"),
+                "eval_turns": success_of(evaluation, "turns"),
+                "warm_final_loss": float(warm.get("final_loss", math.nan)),
             }
         )
         print(

@@ -64,7 +64,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
 @pytest.mark.train
 @pytest.mark.timeout(
     1800
-)  # the whole demo runs in this test's set-up: 14-15 min on 2 shared cores at load 9-12
+)  # the whole demo runs in this test's set-up: 3.5 min idle, about 6 on 2 shared cores
 def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> None:
     done, model_dir = demo_run
     lines = done.stdout.strip().splitlines()
@@ -80,9 +80,10 @@ def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> 
         "train": STEPS,
     }  # the warm start and the steps (the evaluation: evaluation.html)
     # the learning bar: from about chance (1 tool in 4) to most questions answered from the database. Issue 41
-    # asks 0.85; two runs of these settings on this machine ended at 0.875 and 0.797 on the harness's evaluation
-    # (one sampled rollout differed at step 19), so the test holds what the demo reliably does, not the goal
-    assert float(match["start"]) <= 0.45 and float(match["end"]) >= 0.7, lines[-1]
+    # asks 0.85; runs of these settings on this machine ended at 0.859-0.875 on the harness's evaluation (64
+    # draws at temperature 1, where one draw is 0.016), other seeds at 0.81-0.86 (docs/getting-started.md), so
+    # the test holds 0.8: a run that falls below it learned less than the demo does, not one draw less
+    assert float(match["start"]) <= 0.45 and float(match["end"]) >= 0.8, lines[-1]
     # the harness's verdict: the gain over the warm start with its paired interval, above zero
     verdict = next(line for line in lines if line.startswith("    success ") and " gain " in line)
     low = float(re.search(r"\[95 % CI ([+-]\d\.\d+),", verdict)[1])  # type: ignore[index]
@@ -168,3 +169,22 @@ def test_where_to_look_names_the_report_and_langfuse_only_when_set(monkeypatch, 
         assert where_to_look(report, exporter)[1] == (
             f"Langfuse: 1 traces in {server.base_url}, session {exporter.session_id}"
         )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_warm_start_calls_each_tool_equally_often_for_every_question(tmp_path: Path, seed: int) -> None:
+    """Chance (1 in 4) for every question whatever the seed: independent draws gave the asked tool 7 to 17 of 64."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from art_adapters.demo.agent import SYSTEM, order_tools
+    from art_adapters.demo.orders import questions, warm_start_examples
+    from art_adapters.envs.sqlite import build_database
+
+    db = build_database(tmp_path / "shop.sqlite", seed=seed)
+    tools = [convert_to_openai_tool(t) for t in order_tools(db)]
+    calls: dict[str, Counter[str]] = {}
+    for example in warm_start_examples(db, tools, SYSTEM, 64, seed):
+        question, call = example.messages_and_choices[1]["content"], example.messages_and_choices[2]
+        calls.setdefault(question, Counter())[call["tool_calls"][0]["function"]["name"]] += 1
+    assert set(calls) == {q.text for q in questions(db, seed)}
+    assert all(counts == dict.fromkeys(counts, 2) and len(counts) == 4 for counts in calls.values()), calls

@@ -197,7 +197,7 @@ async def run_demo(
         )
         print(
             f"    warm start: {sft['batches']} SFT steps, final loss {sft['final_loss']:.3f} "
-            f"({lap('warm start', since):.0f} s; the tool in each example drawn at random)",
+            f"({lap('warm start', since):.0f} s; each question calls each of the four tools equally often)",
             flush=True,
         )
         rollout = make_rollout(model, db_path)
