@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -280,11 +281,13 @@ class LocalBackend(CheckpointSync, TrainerHost, ARTTraining):
                     save=lambda done: False,
                 )
 
-            async for event in streamed(start):
-                if event["event"] == "result":
-                    metrics = event["metrics"]
-                else:
-                    yield {**event, "step": step}
+            # closed with this generator, so the run has stopped before the model's lock is released
+            async with contextlib.aclosing(streamed(start)) as stream:
+                async for event in stream:
+                    if event["event"] == "result":
+                        metrics = event["metrics"]
+                    else:
+                        yield {**event, "step": step}
             metrics.update(trajectories=len(trajectories), step_seconds=time.perf_counter() - started)
             checkpoints.append_history(state.directory, {"step": step, "split": "sft", **metrics})
             yield {"event": "done", "step": state.step, "metrics": metrics}
