@@ -4,6 +4,7 @@ the tiny model through the PEFT trainer; short prefixes, one row and gradient ch
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from art_adapters.config import LoRAConfig
 from art_adapters.tiny import tiny_model_path
-from art_adapters.training.shared_prefix import MIN_SHARED_TOKENS, common_prefix, decoder_hidden
+from art_adapters.training.shared_prefix import MIN_SHARED_TOKENS, common_prefix, decoder_hidden, exact_for
 from art_adapters.training.trainer import Trainer
 
 pytestmark = pytest.mark.train
@@ -102,6 +103,7 @@ def test_a_cache_without_per_layer_tensors_falls_back_to_the_plain_forward() -> 
 
     class Decoder:
         training = False
+        config = SimpleNamespace(attention_dropout=0.0)
 
         def __init__(self) -> None:
             self.calls: list[bool] = []
@@ -114,3 +116,21 @@ def test_a_cache_without_per_layer_tensors_falls_back_to_the_plain_forward() -> 
     ids = torch.tensor([[7] * 40 + [1], [7] * 40 + [2]])
     hidden = decoder_hidden(decoder, ids, share=True)
     assert decoder.calls == [True, False] and torch.equal(hidden[..., 0], ids.float())
+
+
+@pytest.mark.parametrize(
+    "settings, exact",
+    [
+        ({}, True),
+        ({"attention_dropout": 0.1}, False),
+        ({"resid_pdrop": 0.1}, False),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, False),
+        ({"rope_scaling": {"type": "longrope"}}, False),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, True),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, True),
+        ({"layer_types": ["linear_attention", "full_attention"]}, False),
+    ],
+)
+def test_exact_for_refuses_what_one_prefix_cannot_reproduce(settings: dict[str, Any], exact: bool) -> None:
+    assert exact_for(SimpleNamespace(**{"attention_dropout": 0.0, **settings})) is exact
+    assert exact_for(SimpleNamespace(**settings), lora_dropout=0.05) is False

@@ -61,7 +61,8 @@ async def streamed(
 ) -> AsyncIterator[dict[str, Any]]:
     """Run `start(report, stop)` and yield each event it reports (from its thread) as it comes, then
     `{"event": "result", "metrics": ...}`. Closed early (the caller stopped iterating, or was cancelled), the run
-    is told to stop after its current batch and cancelled, and this waits for that."""
+    is told to stop after its current batch and cancelled: nothing of it is saved, even when its last batch had
+    already ended (an SFT run saves whole or not at all). Close it with its caller (`contextlib.aclosing`)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     stop = threading.Event()
@@ -70,6 +71,7 @@ async def streamed(
         loop.call_soon_threadsafe(events.put_nowait, event)
 
     running = asyncio.ensure_future(start(report, stop))
+    waiting: asyncio.Future[dict[str, Any]] | None = None
     try:
         while not running.done():
             waiting = asyncio.ensure_future(events.get())
@@ -83,6 +85,8 @@ async def streamed(
         metrics = running.result()  # a failure raises here, after the events reported before it
         yield {"event": "result", "metrics": metrics}
     finally:
+        if waiting is not None and not waiting.done():  # the caller was cancelled mid-wait
+            waiting.cancel()
         if not running.done():
             stop.set()
             running.cancel()

@@ -26,6 +26,7 @@ from .loss import StepTotals, policy_loss
 from .parallel import Parallel
 from .prepare import prepare_groups, sft_batches, skip_reason
 from .quiet import quiet_loading
+from .shared_prefix import exact_for
 from .step_guard import StepGuard
 from .tokenize import TrainSequence, sequences_from_samples, sft_samples
 from .trainer_parts import TrainerParts
@@ -133,7 +134,11 @@ class Trainer(TrainerParts):
         if parallel is None:
             self.scorer = Scorer(self.model.get_base_model())
             # Unsloth's patched forward and FSDP2's per-layer hooks are not run twice in one forward here
-            self.scorer.share_prefix = self.engine == "peft" and not gradient_checkpointing
+            self.scorer.share_prefix = (
+                self.engine == "peft"
+                and not gradient_checkpointing
+                and exact_for(self.model.get_base_model().config, self.lora.dropout)
+            )
         self.scorer.chunk_tokens = self.logprob_chunk_tokens
         self.params = [p for p in self.model.parameters() if p.requires_grad]  # sharded: its DTensors
         fused = self.device.type == "cuda" and parallel is None

@@ -1,5 +1,5 @@
-"""Attack probe on training/shared_prefix.py: with LoRA dropout on, the shared prefix runs once, so every row's
-prefix positions get one dropout mask (the plain forward draws one per row): not the plain forward's step."""
+"""Where running the prefix once would not be exact, the trainer and `decoder_hidden` take the plain forward: LoRA
+dropout (one prefix would draw one mask for every row) and rotary scalings that depend on the call's length."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Attack probes on the one-job SFT run (backend/sft_run.py, LocalBackend.train_sft_events)."""
+"""The one-job SFT run (backend/sft_run.py, LocalBackend.train_sft_events) when its caller goes away: the run stops
+before the model's lock is free, and the next step waits for its thread (the GPU ledger of test_shared_gpu_order)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 import art_adapters as art
-from test_shared_gpu_order import SFT_ROWS, FakeTrainer, Ledger, ledger, offloaded, sft_backend  # noqa: F401
+from test_shared_gpu_order import SFT_ROWS, FakeTrainer, Ledger, offloaded, sft_backend
+
+
+@pytest.fixture
+def ledger(monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    book = Ledger()
+    monkeypatch.setattr(torch.cuda, "empty_cache", book.empty_cache)
+    return book
 
 
 async def test_closing_the_sft_events_stops_the_run_before_the_lock_is_released(
     tmp_path: Path,
-    ledger: Ledger,  # noqa: F811
+    ledger: Ledger,
 ) -> None:
     trainer = offloaded(ledger)
     trainer.gate = threading.Event()  # batch 2 waits here
@@ -38,7 +47,7 @@ async def test_closing_the_sft_events_stops_the_run_before_the_lock_is_released(
 async def test_a_step_right_after_a_closed_sft_run_waits_for_its_thread(
     tmp_path: Path,
     ledger: Ledger,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     trainer = offloaded(ledger)
     trainer.gate = threading.Event()  # the SFT run's batch 2 waits here
