@@ -1,5 +1,6 @@
-"""The one-job SFT run (backend/sft_run.py, LocalBackend.train_sft_events) when its caller goes away: the run stops
-before the model's lock is free, and the next step waits for its thread (the GPU ledger of test_shared_gpu_order)."""
+"""An SFT run as one trainer job (backend/sft_run.py, LocalBackend.train_sft_events) against the shared GPU's ledger
+of test_shared_gpu_order: one hand-over per run, each batch streamed, a failure after batch 1 drops the trainer, a
+caller who goes away stops the run before the model's lock is free, and the next step waits for its thread."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 import art_adapters as art
-from test_shared_gpu_order import SFT_ROWS, FakeTrainer, Ledger, offloaded, sft_backend
+from art_adapters.backend.local import LocalBackend
+from test_shared_gpu_order import FakeTrainer, Ledger, offloaded, shared_state
 
 
 @pytest.fixture
@@ -21,9 +23,59 @@ def ledger(monkeypatch: pytest.MonkeyPatch) -> Ledger:
     return book
 
 
-async def test_closing_the_sft_events_stops_the_run_before_the_lock_is_released(
-    tmp_path: Path,
-    ledger: Ledger,
+def sft_backend(
+    tmp_path: Path, ledger: Ledger, trainer: FakeTrainer
+) -> tuple[LocalBackend, art.TrainableModel]:
+    backend = LocalBackend(tmp_path / "art")
+    state = shared_state(tmp_path, ledger, trainer)
+    state.directory = backend.model_dir(state.model)
+    state.directory.mkdir(parents=True)
+    backend._models[state.directory] = state
+    return backend, state.model  # type: ignore[return-value]
+
+
+SFT_ROWS = [
+    art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]
+    )
+    for i in range(6)
+]
+
+
+async def test_an_sft_run_hands_the_gpu_over_once_and_streams_each_batch(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    backend, model = sft_backend(tmp_path, ledger, offloaded(ledger))
+    events = [e async for e in backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2))]
+    assert [e["event"] for e in events] == ["started", "batch", "batch", "batch", "done"]
+    assert [e["loss"] for e in events[1:4]] == [1.0, 0.5, 1 / 3]
+    assert events[-1]["metrics"]["final_loss"] == 1 / 3
+    assert ledger.events == ["sleep", "empty_cache", "reload", "sft", "sft", "sft", "save", "offload",
+                             "empty_cache", "wake", "load_adapter"]  # fmt: skip
+    assert events[-1]["step"] == 1 and events[-1]["metrics"]["trained_tokens"] == 9
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+async def test_an_sft_run_failing_drops_the_trainer_once_weights_moved(
+    tmp_path: Path, ledger: Ledger, batch: int
+) -> None:
+    trainer = offloaded(ledger, fail=f"sft batch {batch}")
+    backend, model = sft_backend(tmp_path, ledger, trainer)
+    state = backend._registered(model)
+    seen: list[str] = []
+    with pytest.raises(
+        RuntimeError, match="batch 2 of 3, after 1 batches" if batch == 2 else "out of memory"
+    ):
+        async for event in backend.train_sft_events(model, SFT_ROWS, art.SFTConfig(batch_size=2)):
+            seen.append(event["event"])
+    assert seen == (["started", "batch"] if batch == 2 else ["started"])
+    assert ledger.events[-1] == "wake" and "save" not in ledger.events and state.step == 0
+    # the first batch's failure moved nothing: the trainer stays
+    assert (state.trainer is None) == (batch == 2)
+
+
+async def test_a_caller_that_goes_away_stops_the_run_after_its_batch_before_the_lock_is_free(
+    tmp_path: Path, ledger: Ledger
 ) -> None:
     trainer = offloaded(ledger)
     trainer.gate = threading.Event()  # batch 2 waits here
@@ -33,15 +85,15 @@ async def test_closing_the_sft_events_stops_the_run_before_the_lock_is_released(
     assert [(await anext(events))["event"] for _ in range(2)] == ["started", "batch"]
     try:
         await events.aclose()  # the caller goes away during batch 2
-        # the model's lock is free again: the run must already be stopped (abandoned), or a next call shares the
-        # trainer with the running thread
+        # the model's lock is free again, so the run must already be abandoned (the next call waits for it), or a
+        # next call would share the trainer with the running thread
         assert not state.lock.locked()
         assert state.abandoned is not None, "lock released while the SFT job still runs on the trainer"
     finally:
         trainer.gate.set()
-        await asyncio.sleep(0.2)
-        if state.abandoned is not None:
-            await state.abandoned
+    await state.abandoned
+    assert trainer.sft_batches == 2 and state.trainer is None and state.step == 0  # batch 3 never ran
+    assert ledger.events[-3:] == ["close", "empty_cache", "wake"] and "save" not in ledger.events
 
 
 async def test_a_step_right_after_a_closed_sft_run_waits_for_its_thread(
