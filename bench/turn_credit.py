@@ -18,7 +18,7 @@ run out; each call is the right tool with p = 0.2, else one of the four at rando
 about 0.16 success at step 1 in a one-seed probe.
 Usage: python bench/turn_credit.py [--steps 12] [--group-size 8] [--seeds 6] [--eval-samples 32] [--gamma 1.0]
        [--gigpo-weight 1.0] [--right-rate 0.2] [--warm-epochs 48] [--arms trajectory turn gigpo]
-       [--json rows.json] [--seed-offset 0] | --summarize rows.json [more.json ...]
+       [--json rows.json] [--seed-offset 0] | --summarize rows.json [more.json ...] [--plot curves.png]
 """
 
 from __future__ import annotations
@@ -350,6 +350,35 @@ def summarize(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
+    """Mean training success (solid) and chain progress (dashed) per step, one colour per arm, over the seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
+    seeds = sorted({r["seed"] for r in rows})
+    steps = min(len(r["curve"]) for r in rows)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, arm in enumerate(arms):
+        mine = [r for r in rows if r["arm"] == arm]
+        for key, style in (("curve", "-"), ("progress", "--")):
+            mean = [statistics.mean(r[key][k] for r in mine) for k in range(steps)]
+            label = f"{arm} ({'success' if key == 'curve' else 'progress'})"
+            marker = "o" if key == "curve" else None
+            ax.plot(range(1, steps + 1), mean, style, color=f"C{i}", marker=marker, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"mean over {len(seeds)} seeds")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
@@ -376,9 +405,15 @@ def main() -> None:
     parser.add_argument("--seed-offset", type=int, default=0, help="first seed (split a long run in parts)")
     parser.add_argument("--json", default=None, help="also write each seed's rows here as it ends (appends)")
     parser.add_argument("--summarize", nargs="+", default=None, help="only print the tables of --json files")
+    parser.add_argument(
+        "--plot", default=None, help="with --summarize: also draw the mean curves into this PNG"
+    )
     args = parser.parse_args()
     if args.summarize:
-        summarize(load_rows(args.summarize))
+        rows = load_rows(args.summarize)
+        summarize(rows)
+        if args.plot:
+            plot_curves(rows, Path(args.plot))
         return
     from art_adapters.training.quiet import quiet_import_notes
 

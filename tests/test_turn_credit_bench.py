@@ -134,3 +134,12 @@ def test_the_warm_start_calls_until_the_chain_completes_or_the_turns_run_out(ben
         assert done < len(bench.CHAIN) or names[-1] == bench.CHAIN[-1]  # stops at the chain's end
         complete += done == len(bench.CHAIN)
     assert 0.1 < complete / len(examples) < 0.6  # about 0.32 for p = 0.4 a call over 5 turns
+
+
+def test_the_curves_plot_draws_each_arms_mean_success_and_progress(bench: ModuleType, tmp_path: Path) -> None:
+    rows = chain_rows([0.2, 0.5, 0.6, 0.7], [0.0, 0.2, 0.4, 0.6])
+    for row in rows:
+        row["progress"] = [min(1.0, c + 0.2) for c in row["curve"]]
+    path = tmp_path / "curves.png"
+    bench.plot_curves(rows, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
