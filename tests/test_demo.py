@@ -189,3 +189,20 @@ def test_the_warm_start_calls_each_tool_equally_often_for_every_question(tmp_pat
         calls.setdefault(question, Counter())[call["tool_calls"][0]["function"]["name"]] += 1
     assert set(calls) == {q.text for q in questions(db, seed)}
     assert all(counts == dict.fromkeys(counts, 2) and len(counts) == 4 for counts in calls.values()), calls
+
+
+def test_the_demos_rate_holds_then_falls_to_a_tenth_and_bad_settings_are_refused() -> None:
+    import asyncio
+
+    from art_adapters.demo.run import run_demo, step_rate
+
+    rates = [step_rate(k, 20, 1.0, 0.5) for k in range(20)]
+    assert rates[:10] == [1.0] * 10 and rates[-1] == pytest.approx(0.1)
+    assert all(
+        a > b for a, b in zip(rates[10:], rates[11:], strict=False)
+    )  # falling every step after the half
+    assert [step_rate(k, 20, 1.0, None) for k in (0, 19)] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="async demo trains at one constant rate"):
+        asyncio.run(run_demo(async_mode=True))
+    with pytest.raises(ValueError, match="decay_start must be a share of the run"):
+        asyncio.run(run_demo(decay_start=1.5))
