@@ -11,11 +11,12 @@ their sum); only the estimator differs.
 
 Reported: mean training success per step (each step's rollouts, over seeds); each arm's paired difference to
 "trajectory" with a 95 % t-interval over seeds, on the final evaluation (128 rollouts), on the last 3 steps and on the
-mean over all steps; and the steps each arm's trailing 3-step mean takes to reach "trajectory"'s final one (the goal:
-the better of turn/GiGPO within 0.7x the steps; not decidable unless "trajectory" learned, +0.1 over its first step).
-The warm start (192 SFT steps) teaches the multi-turn call format, calling until the chain completes or the turns
-run out; each call is the right tool with p = 0.2, else one of the four at random (right 40 % of the time in all):
-about 0.16 success at step 1 in a one-seed probe.
+mean over all steps; the steps each arm's trailing 3-step mean takes to reach "trajectory"'s final one (the goal:
+the better of turn/GiGPO within 0.7x the steps; not decidable unless "trajectory" learned, +0.1 over its first step);
+and the seeds whose evaluation ended below their own first step (collapsed).
+The warm start (192 SFT steps, its rate falling linearly from 5e-3 to 0) teaches the multi-turn call format, calling
+until the chain completes or the turns run out; each call is the right tool with p = 0.2, else one of the four at
+random (right 40 % of the time in all): 0.17-0.23 success over seeds 0-3 on a 64-rollout evaluation.
 Usage: python bench/turn_credit.py [--steps 12] [--group-size 8] [--seeds 6] [--eval-samples 32] [--gamma 1.0]
        [--gigpo-weight 1.0] [--right-rate 0.2] [--warm-epochs 48] [--arms trajectory turn gigpo]
        [--json rows.json] [--seed-offset 0] | --summarize rows.json [more.json ...] [--plot curves.png]
@@ -313,9 +314,14 @@ def summarize(rows: list[dict[str, Any]]) -> None:
 
     print(
         f"\n| arm | eval success (mean) | paired diff vs trajectory, eval [95 % CI] | last {WINDOW} steps [95 % CI] | "
-        "mean over all steps [95 % CI] | steps to reach trajectory's final |"
+        "mean over all steps [95 % CI] | steps to reach trajectory's final | collapsed |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+
+    def collapsed(arm: str) -> str:  # seeds whose evaluation ended below the arm's own first step
+        mine = [by[(arm, s)] for s in seeds if (arm, s) in by]
+        return f"{sum(r['success'] < r['curve'][0] for r in mine)} / {len(mine)}"
+
     reach: dict[str, int | None] = {}
     target = trailing(mean_curve["trajectory"], steps - 1) if "trajectory" in arms else math.nan
     learned = "trajectory" in arms and target >= mean_curve["trajectory"][0] + LEARNED
@@ -330,7 +336,7 @@ def summarize(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {arm} | {statistics.mean(success):.3f} ({len(success)} seeds) | "
             f"{paired_cell(by, arm, seeds, lambda r: r['success'])} | {paired_cell(by, arm, seeds, last)} | "
-            f"{paired_cell(by, arm, seeds, area)} | {reached} |"
+            f"{paired_cell(by, arm, seeds, area)} | {reached} | {collapsed(arm)} |"
         )
     if not learned:
         why = f"did not end {LEARNED} above its first step" if "trajectory" in arms else "was not run"

@@ -78,7 +78,7 @@ def test_summary_pairs_seeds_and_counts_steps_to_reach(bench: ModuleType, capsys
     # 3-step mean of "turn" first reaches trajectory's final trailing mean (0.4) at step 3
     assert (
         "| turn | 0.600 (3 seeds) | +0.100 [-0.148, +0.348] | +0.200 [+0.200, +0.200] | +0.200 [+0.200, +0.200] "
-        "| 3 (0.75x of 4) |" in out
+        "| 3 (0.75x of 4) | 0 / 3 |" in out
     )
     assert "| trajectory | 0.500 (3 seeds) |" in out
     assert (
