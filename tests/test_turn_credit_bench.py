@@ -91,6 +91,16 @@ def test_steps_to_reach_does_not_look_ahead(bench: ModuleType) -> None:
     assert bench.steps_to_reach([0.0, 0.1], 0.9) is None
 
 
+def test_steps_to_reach_counts_a_tie_that_float_rounding_puts_one_ulp_below(bench: ModuleType) -> None:
+    """The 6-seed rows: gigpo's trailing mean at step 9 equals trajectory's final (305/576 exactly), but the two
+    float means differ in the last bit; a tie reaches the target."""
+    target = bench.trailing([0.46875, 0.5677083333333334, 0.5520833333333334], 2)
+    tied = [0.5260416666666666, 0.5104166666666666, 0.5520833333333334]
+    assert bench.trailing(tied, 2) < target  # the float artefact the tolerance absorbs
+    assert bench.steps_to_reach(tied, target) == 3
+    assert bench.steps_to_reach(tied, target + 1 / 576) is None  # one rollout short is not a tie
+
+
 def test_no_verdict_when_trajectory_did_not_learn(bench: ModuleType, capsys: Any) -> None:
     """A flat "trajectory" makes every arm "reach" its final at once: that is not an answer to the goal."""
     bench.summarize(chain_rows([0.16, 0.17, 0.15, 0.16], [0.16, 0.15, 0.17, 0.16]))
