@@ -79,12 +79,11 @@ def test_demo_learns_and_ends_with_the_result_line(demo_run, tmp_path: Path) -> 
         "sft": 1,
         "train": STEPS,
     }  # the warm start and the steps (the evaluation: evaluation.html)
-    # the learning bar: from about chance (1 tool in 4) to most questions answered from the database. Issue 41
-    # asks 0.85; two runs of these settings on this machine ended at 0.859 on the harness's evaluation (64
-    # draws at temperature 1, where one draw is 0.016), seeds 1-3 at 0.812, 0.609 and 0.906
-    # (docs/getting-started.md), so the test holds 0.8 for the demo's own seed: a run that falls below it learned
-    # less than the demo does, not one draw less
-    assert float(match["start"]) <= 0.45 and float(match["end"]) >= 0.8, lines[-1]
+    # the learning bar of issue 41: from about chance (1 tool in 4) to 0.85 of the questions answered from the
+    # database. Three runs of these settings here ended at 0.891-0.922 on the harness's evaluation (64 draws at
+    # temperature 1, one draw 0.016); the learning rate's fall over the second half keeps a late step from
+    # overshooting (at a constant rate one run fell to 0.125 at step 19). Other seeds: docs/getting-started.md
+    assert float(match["start"]) <= 0.45 and float(match["end"]) >= 0.85, lines[-1]
     # the harness's verdict: the gain over the warm start with its paired interval, above zero
     verdict = next(line for line in lines if line.startswith("    success ") and " gain " in line)
     low = float(re.search(r"\[95 % CI ([+-]\d\.\d+),", verdict)[1])  # type: ignore[index]
