@@ -196,7 +196,12 @@ async def test_wandb_deployment_logs_the_adapter_as_an_artifact(
     monkeypatch.setenv("WANDB_SILENT", "true")
     result = await deploy_model(trained(), str(checkpoint), 3, "wandb", WandbDeploymentConfig(entity="me"))
     assert result.inference_model_name == "wandb-artifact:///me/games/tic-001:step3"
-    runs = await asyncio.to_thread(lambda: [p.read_bytes() for p in tmp_path.rglob("run-*.wandb")])
+    runs: list[bytes] = []
+    for _ in range(60):  # wandb's offline writer (its own process) can flush after the run ends: up to 30 s
+        runs = await asyncio.to_thread(lambda: [p.read_bytes() for p in tmp_path.rglob("run-*.wandb")])
+        if len(runs) == 1 and b"step3" in runs[0]:
+            break
+        await asyncio.sleep(0.5)
     assert (
         len(runs) == 1 and b"adapter_model.safetensors" in runs[0] and b"step3" in runs[0]
     )  # the logged artifact
