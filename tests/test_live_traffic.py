@@ -5,7 +5,9 @@ the store as the async pipeline's source (grouped by key, stale and unkeyed ones
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -203,12 +205,17 @@ def test_recording_endpoint_record_mode(tmp_path: Path) -> None:
     assert [m["role"] for m in trajectory.messages()] == ["system", "user", "assistant", "user", "assistant"]
 
 
-async def test_serve_record_mode(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def recording_server(
+    tmp_path: Path, reply: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, TrajectoryStore, dict[str, str], dict[str, str]]]:
+    """`art serve`'s app in record mode on a scripted upstream, model "agent" registered: the client, the store,
+    and the admin and inference keys' headers."""
     from art_adapters.backend.server import create_app
     from test_remote_backend import FakeBackend
 
     store = open_store(tmp_path / "serve.db")
-    with ScriptedServer(scripted, cycle=True) as upstream:
+    with ScriptedServer(reply, cycle=True) as upstream:
         app = create_app(
             FakeBackend(tmp_path / "art", upstream.base_url),
             api_key="admin",
@@ -221,22 +228,55 @@ async def test_serve_record_mode(tmp_path: Path) -> None:
         ) as client:
             admin, infer = {"authorization": "Bearer admin"}, {"authorization": "Bearer infer"}
             model = art.TrainableModel(name="agent", project="prod", base_model="tiny")
-            assert (
-                await client.post(
-                    "/models/register", json={"model": model.model_dump(mode="json")}, headers=admin
-                )
-            ).status_code == 200
-            body = {"model": "agent", "messages": [{"role": "user", "content": "hello"}]}
-            answer = await client.post("/v1/chat/completions", json=body, headers=infer)
-            assert answer.status_code == 200, answer.text
-            tid = answer.headers["x-art-trajectory"]
-            assert (
-                await client.post(f"/rewards/{tid}", json={"reward": 1}, headers=infer)
-            ).status_code == 403
-            done = await client.post(f"/rewards/{tid}", json={"reward": 1}, headers=admin)
-            assert done.status_code == 200 and done.json()["status"] == "set"
+            registered = await client.post(
+                "/models/register", json={"model": model.model_dump(mode="json")}, headers=admin
+            )
+            assert registered.status_code == 200
+            yield client, store, admin, infer
+
+
+async def test_serve_record_mode(tmp_path: Path) -> None:
+    async with recording_server(tmp_path, scripted) as (client, store, admin, infer):
+        body = {"model": "agent", "messages": [{"role": "user", "content": "hello"}]}
+        answer = await client.post("/v1/chat/completions", json=body, headers=infer)
+        assert answer.status_code == 200, answer.text
+        tid = answer.headers["x-art-trajectory"]
+        assert (await client.post(f"/rewards/{tid}", json={"reward": 1}, headers=infer)).status_code == 403
+        done = await client.post(f"/rewards/{tid}", json={"reward": 1}, headers=admin)
+        assert done.status_code == 200 and done.json()["status"] == "set"
     trajectory = store.get(tid)
     assert trajectory.reward == 1.0 and trajectory.llm_calls[0].completion_token_ids
+
+
+async def test_serve_record_mode_takes_call_rewards(tmp_path: Path) -> None:
+    """`art serve` mounts `POST /rewards/{id}/calls/{n}` beside the trajectory route: admin key only, "set",
+    "unchanged", 409 and 404 as the trajectory route answers, and the stored call carries the reward."""
+
+    def numbered(request: dict[str, Any]) -> Reply:
+        return Reply(content=f"answer {len(request['messages'])}")
+
+    async with recording_server(tmp_path, numbered) as (client, store, admin, infer):
+        named = {**infer, "x-art-trajectory": "run-1"}
+        for text in ("one", "two"):
+            body = {"model": "agent", "messages": [{"role": "user", "content": text}]}
+            answer = await client.post("/v1/chat/completions", json=body, headers=named)
+            assert answer.status_code == 200, answer.text
+
+        async def post(path: str, reward: float, headers: dict[str, str] = admin) -> httpx.Response:
+            return await client.post(path, json={"reward": reward}, headers=headers)
+
+        assert (await post("/rewards/run-1/calls/1", 0.5, infer)).status_code == 403
+        first = await post("/rewards/run-1/calls/1", 0.5)
+        assert first.status_code == 200, first.text
+        assert first.json() == {"trajectory_id": "run-1", "call": 1, "status": "set"}
+        assert (await post("/rewards/run-1/calls/1", 0.5)).json()["status"] == "unchanged"
+        assert (await post("/rewards/run-1/calls/1", 0.0)).status_code == 409
+        assert (await post("/rewards/run-1/calls/2", 1.0)).status_code == 404
+        assert (await post("/rewards/run-1", 1.0)).json()["status"] == "set"
+    trajectory = store.get("run-1")
+    assert trajectory is not None and trajectory.reward == 1.0
+    assert [c.reward for c in trajectory.llm_calls] == [None, 0.5]
+    store.close()
 
 
 async def test_the_store_feeds_the_async_pipeline(tmp_path: Path) -> None:
